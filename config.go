@@ -1,0 +1,154 @@
+package idem
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Profile selects how the middleware words the answers that differ between
+// published idempotency designs.
+type Profile string
+
+const (
+	// ProfileIETF follows draft-ietf-httpapi-idempotency-key-header: 422 on a
+	// key reused with another request, 5xx releases the key. The default.
+	ProfileIETF Profile = "ietf"
+	// ProfileStripe answers a reused key with 400 and stores 5xx responses
+	// once the handler ran, as Stripe documents.
+	ProfileStripe Profile = "stripe"
+	// ProfileAppstrate answers a reused key with 409 and code "conflict".
+	ProfileAppstrate Profile = "appstrate"
+)
+
+// DefaultStoredHeaders is the allow-list of response headers stored for replay.
+var DefaultStoredHeaders = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+	"Location", "ETag", "Last-Modified",
+}
+
+// Config configures the middleware. A nil *Config means all defaults. Routes
+// that need other settings (a required key, another TTL, a narrowed
+// fingerprint) get their own middleware instance on the same store.
+type Config struct {
+	// Methods are the covered methods; others pass through untouched.
+	// Defaults to POST and PATCH.
+	Methods []string
+	// RequireKey answers 400 key-missing to a covered request without the
+	// header. Defaults to false: such requests pass through unprotected.
+	RequireKey bool
+	// MinKeyLength rejects shorter keys with 400 key-invalid. Defaults to 1.
+	MinKeyLength int
+	// Scope returns the tenant or principal of the request, from
+	// authentication, never from the body. An error answers 401 with the
+	// error's text withheld. Defaults to a single empty scope.
+	Scope func(r *http.Request) (string, error)
+	// Endpoint names the operation. Defaults to r.Pattern when the
+	// http.ServeMux matched one (prefixed with the method when the pattern
+	// has none), else the method and the URL path.
+	Endpoint func(r *http.Request) string
+	// Fingerprint narrows the request fingerprint for JSON bodies.
+	Fingerprint FingerprintConfig
+	// TTL is how long a record is kept. Defaults to 24 hours.
+	TTL time.Duration
+	// Lease is the in-progress lock length; the lease is renewed every
+	// Lease/3 while the handler runs. Defaults to 30 seconds.
+	Lease time.Duration
+	// Wait, when positive, makes a request that finds its key in progress
+	// block up to Wait for the result instead of answering 409 at once.
+	// Defaults to 0.
+	Wait time.Duration
+	// Async answers an in-progress duplicate with 202 Accepted and
+	// Retry-After instead of 409, for routes that process asynchronously.
+	Async bool
+	// Profile selects the answer to key reuse and the 5xx policy.
+	// Defaults to ProfileIETF.
+	Profile Profile
+	// MaxBody is the largest request body fingerprinted; larger bodies get
+	// 413 body-too-large before anything is stored. Defaults to 1 MiB.
+	MaxBody int64
+	// MaxResponse is the largest response body stored; a larger response is
+	// delivered once and marked not replayable. Defaults to 1 MiB.
+	MaxResponse int64
+	// StoredHeaders is the allow-list of response headers stored for replay.
+	// Set-Cookie, Authorization and hop-by-hop headers are never stored,
+	// whatever the list says. Defaults to DefaultStoredHeaders.
+	StoredHeaders []string
+	// StoreTimeout bounds every store call; a call that takes longer is a
+	// store outage (503 before the handler, a logged failure after it).
+	// Defaults to 2 seconds.
+	StoreTimeout time.Duration
+	// ProblemTypeBase prefixes the problem code to form the problem+json
+	// "type" URI. Defaults to "https://idem.dev/problems/".
+	ProblemTypeBase string
+	// MaxInProgressPerScope, when positive, answers 429 too-many-keys to a
+	// new key when the scope already has that many requests in progress in
+	// this process. Defaults to 0 (no limit).
+	MaxInProgressPerScope int
+	// NewKeysPerSecondPerScope, when positive, limits the rate of new keys
+	// per scope in this process (burst of the same size); over it the answer
+	// is 429 too-many-keys and nothing is stored. Defaults to 0 (no limit).
+	NewKeysPerSecondPerScope float64
+	// FailOpen runs the handler unprotected when the store is unavailable.
+	// For development only: it logs an error on every bypass. Defaults to
+	// false (fail closed with 503 store-unavailable).
+	FailOpen bool
+	// Logger receives the middleware's logs. Keys appear only as hashes.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// FingerprintConfig narrows the fingerprint of JSON bodies to selected
+// top-level members or drops members, e.g. a client timestamp.
+type FingerprintConfig struct {
+	// Include, when not empty, keeps only these top-level members.
+	Include []string
+	// Exclude drops these top-level members.
+	Exclude []string
+}
+
+func (c *Config) withDefaults() Config {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if cfg.MinKeyLength <= 0 {
+		cfg.MinKeyLength = 1
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = 24 * time.Hour
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.Profile == "" {
+		cfg.Profile = ProfileIETF
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 1 << 20
+	}
+	if cfg.MaxResponse <= 0 {
+		cfg.MaxResponse = 1 << 20
+	}
+	if cfg.StoredHeaders == nil {
+		cfg.StoredHeaders = DefaultStoredHeaders
+	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 2 * time.Second
+	}
+	if cfg.ProblemTypeBase == "" {
+		cfg.ProblemTypeBase = "https://idem.dev/problems/"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return cfg
+}

@@ -1,0 +1,242 @@
+// Package idemstore is the contract between the idem middleware, its background
+// workers and the store drivers (idemsqlite, idempgx, idemredis, idemmem).
+//
+// It depends on the standard library only, so drivers and workers can import
+// it without pulling in the middleware. Every driver must pass the conformance
+// suite in package idemtest.
+package idemstore
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// State is the lifecycle state of an idempotency record.
+type State string
+
+const (
+	// StateInProgress means an attempt holds a live lease on the record.
+	StateInProgress State = "in_progress"
+	// StateCompleted means the response is stored (or the record is marked
+	// not replayable) and every retry is answered from it.
+	StateCompleted State = "completed"
+	// StateReleased means the last attempt certainly had no effect: the next
+	// request with the same fingerprint may execute again.
+	StateReleased State = "released"
+	// StateUnknown means an attempt may or may not have had its effect. The
+	// record is never re-executed by a client; reconciliation resolves it.
+	StateUnknown State = "unknown"
+)
+
+// Valid reports whether s is one of the four states.
+func (s State) Valid() bool {
+	switch s {
+	case StateInProgress, StateCompleted, StateReleased, StateUnknown:
+		return true
+	}
+	return false
+}
+
+// Identity names a record: the same key in another scope or on another
+// endpoint is a different record.
+type Identity struct {
+	// Scope is the tenant or principal the key belongs to (from auth, never
+	// from the body). It may be empty for single-tenant services.
+	Scope string
+	// Endpoint is the method and route pattern, e.g. "POST /v1/payments".
+	Endpoint string
+	// Key is the client's Idempotency-Key value.
+	Key string
+}
+
+// Response is a stored HTTP response.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is the stored state of one idempotency key.
+type Record struct {
+	Identity
+	// Fingerprint is the hex SHA-256 of the request (see idem.Fingerprint).
+	Fingerprint string
+	State       State
+	// Token is the fencing token of the attempt that last held the lease.
+	Token string
+	// LockedUntil is the end of the current lease (meaningful in_progress).
+	LockedUntil time.Time
+	// StartedAt is when the current (or last) attempt reserved the record.
+	StartedAt time.Time
+	// LeaseExpiredState is the state an expired in_progress lease turns into:
+	// StateUnknown outside transactions, StateReleased in transactional mode
+	// and for phased operations (which then resume at RecoveryPoint).
+	LeaseExpiredState State
+	// Response is the stored response of a completed, replayable record.
+	Response *Response
+	// NotReplayable marks a completed record whose response was streamed or
+	// too large to store: a retry gets 409 not-replayable.
+	NotReplayable bool
+	// RecoveryPoint is the last committed phase of a phased operation.
+	RecoveryPoint string
+	// Attempts counts the executions started for this record.
+	Attempts  int
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// ExpiresAt is the end of retention: past it the record is gone.
+	ExpiresAt time.Time
+}
+
+// LeaseExpired reports whether r is in_progress with a lease that ended at or
+// before now.
+func (r *Record) LeaseExpired(now time.Time) bool {
+	return r.State == StateInProgress && !now.Before(r.LockedUntil)
+}
+
+// ReserveParams are the inputs of Store.KeyReserve.
+type ReserveParams struct {
+	Identity
+	Fingerprint string
+	// Token is a new random fencing token for this attempt.
+	Token string
+	// Lease is the lease length; LockedUntil = now + Lease.
+	Lease time.Duration
+	// TTL is the retention; ExpiresAt = now + TTL for a new record.
+	TTL time.Duration
+	// LeaseExpiredState is stored on a new record (StateUnknown or
+	// StateReleased); see Record.LeaseExpiredState.
+	LeaseExpiredState State
+}
+
+// ReserveResult is the outcome of Store.KeyReserve.
+type ReserveResult struct {
+	// Reserved reports that this attempt now holds the lease (a new record,
+	// or a takeover of a released record or of an expired lease whose
+	// LeaseExpiredState is StateReleased).
+	Reserved bool
+	// Record is the record after the call. When Reserved is false it is the
+	// existing record, as the caller must answer from it; the caller compares
+	// its Fingerprint. An in_progress record found with an expired lease whose
+	// LeaseExpiredState is StateUnknown is returned (and stored) as unknown.
+	Record *Record
+}
+
+// CompleteParams are the inputs of Store.KeyComplete.
+type CompleteParams struct {
+	Identity
+	Token string
+	// Response is stored unless NotReplayable is set.
+	Response      *Response
+	NotReplayable bool
+}
+
+// FinishParams name an attempt by its record and fencing token, for
+// KeyRelease, KeyMarkUnknown and KeyDelete.
+type FinishParams struct {
+	Identity
+	Token string
+}
+
+// RenewParams are the inputs of Store.KeyRenew.
+type RenewParams struct {
+	Identity
+	Token string
+	// Lease is the new lease length from now.
+	Lease time.Duration
+}
+
+// ResolveParams are the inputs of Store.KeyResolve, used by reconcilers and
+// operators to settle an unknown record.
+type ResolveParams struct {
+	Identity
+	// Token must equal the record's current token (as read by the caller),
+	// so a resolution based on stale information fails with ErrLeaseLost.
+	Token string
+	// To is StateCompleted or StateReleased.
+	To State
+	// Response is stored when To is StateCompleted; nil means not replayable.
+	Response *Response
+}
+
+// SweepParams are the inputs of Store.KeySweep.
+type SweepParams struct {
+	// Limit bounds the batch. Defaults to 1000 when zero.
+	Limit int
+}
+
+// ReapParams are the inputs of Store.KeyReap.
+type ReapParams struct {
+	// Limit bounds the batch. Defaults to 1000 when zero.
+	Limit int
+}
+
+// ListParams filter Store.KeyList. Zero fields do not filter.
+type ListParams struct {
+	State    State
+	Scope    string
+	Endpoint string
+	// CreatedBefore keeps records created strictly before it.
+	CreatedBefore time.Time
+	// After is a cursor: the Identity of the last record of the previous page.
+	After *Identity
+	// Limit bounds the page. Defaults to 100 when zero.
+	Limit int
+}
+
+// Store is the contract every idem store implements.
+//
+// Every method that finishes an attempt (KeyComplete, KeyRelease,
+// KeyMarkUnknown, KeyDelete, KeyRenew) is conditional on the fencing token and
+// returns ErrLeaseLost when the record no longer belongs to that attempt.
+// Errors other than the sentinels in this package mean the store is
+// unavailable: the middleware fails closed on them.
+//
+// Time comes from the store's clock, never from the caller's parameters.
+type Store interface {
+	// KeyReserve atomically inserts a new in_progress record or takes over a
+	// released one (or an expired lease that turns released), and otherwise
+	// returns the existing record. It never checks then inserts. A record
+	// past its ExpiresAt is treated as absent and replaced.
+	KeyReserve(ctx context.Context, p *ReserveParams) (*ReserveResult, error)
+	// KeyGet returns the record, or ErrNotFound (also past ExpiresAt). An
+	// in_progress record with an expired lease is reported in the state it
+	// turns into (without writing).
+	KeyGet(ctx context.Context, id Identity) (*Record, error)
+	// KeyComplete stores the response and moves the record to completed. It
+	// succeeds when the token matches and the state is in_progress or
+	// unknown (a late but true outcome settles an unknown record).
+	KeyComplete(ctx context.Context, p *CompleteParams) error
+	// KeyRelease moves the record to released (from in_progress or unknown)
+	// when the token matches. The recovery point is kept.
+	KeyRelease(ctx context.Context, p *FinishParams) error
+	// KeyMarkUnknown moves an in_progress record to unknown when the token
+	// matches.
+	KeyMarkUnknown(ctx context.Context, p *FinishParams) error
+	// KeyDelete removes the record when the token matches and it is
+	// in_progress: the request was rejected before any effect.
+	KeyDelete(ctx context.Context, p *FinishParams) error
+	// KeyRenew extends the lease of an in_progress record when the token
+	// matches and the lease has not been taken over.
+	KeyRenew(ctx context.Context, p *RenewParams) error
+	// KeyResolve settles an unknown record to completed or released. It
+	// returns ErrLeaseLost when the token differs and ErrInvalidState when the
+	// record is not unknown.
+	KeyResolve(ctx context.Context, p *ResolveParams) error
+	// KeySweep turns in_progress records whose lease expired into their
+	// LeaseExpiredState, at most p.Limit of them, and returns them.
+	KeySweep(ctx context.Context, p *SweepParams) ([]*Record, error)
+	// KeyReap deletes at most p.Limit records past ExpiresAt and returns how
+	// many it deleted.
+	KeyReap(ctx context.Context, p *ReapParams) (int, error)
+	// KeyList returns records ordered by (Scope, Endpoint, Key).
+	KeyList(ctx context.Context, p *ListParams) ([]*Record, error)
+}
+
+// Waiter is implemented by stores that can tell a waiting request that a
+// record may have changed (PostgreSQL LISTEN/NOTIFY, Redis pub/sub). KeyWait
+// returns when the record identified by id may have changed, or with ctx's
+// error. Spurious wake-ups are allowed.
+type Waiter interface {
+	KeyWait(ctx context.Context, id Identity) error
+}
