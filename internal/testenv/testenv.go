@@ -1,0 +1,70 @@
+// Package testenv finds the external services that tests need.
+//
+// Tests that need PostgreSQL or Redis call PostgresURL or RedisURL. The URL
+// comes from IDEM_TEST_DATABASE_URL / IDEM_TEST_REDIS_URL with localhost
+// defaults. When the service does not answer the test is skipped with the
+// variable's name, unless IDEM_TEST_REQUIRE_ALL=1, when it fails instead.
+package testenv
+
+import (
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+)
+
+// Default service URLs, used when the environment variables are unset.
+const (
+	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+)
+
+// RequireAll reports whether IDEM_TEST_REQUIRE_ALL=1: missing services fail.
+func RequireAll() bool { return os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" }
+
+// PostgresURL returns the PostgreSQL URL for tests, or skips (fails under
+// IDEM_TEST_REQUIRE_ALL=1) when the server does not answer.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	return serviceURL(t, "IDEM_TEST_DATABASE_URL", DefaultPostgresURL, "5432")
+}
+
+// RedisURL returns the Redis URL for tests, or skips (fails under
+// IDEM_TEST_REQUIRE_ALL=1) when the server does not answer.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return serviceURL(t, "IDEM_TEST_REDIS_URL", DefaultRedisURL, "6379")
+}
+
+// Unavailable skips the test, or fails it under IDEM_TEST_REQUIRE_ALL=1.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if RequireAll() {
+		t.Fatalf("IDEM_TEST_REQUIRE_ALL=1: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+func serviceURL(t testing.TB, env, def, port string) string {
+	t.Helper()
+	raw := os.Getenv(env)
+	if raw == "" {
+		raw = def
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s: invalid URL: %v", env, err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	conn, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		Unavailable(t, "%s (%s) does not answer: %v; set %s to a reachable server", env, host, err, env)
+		return ""
+	}
+	conn.Close()
+	return raw
+}
