@@ -1,0 +1,54 @@
+-- reserve.lua inserts a new in_progress record, or takes over a released one
+-- (or an expired lease that turns released), and otherwise returns the
+-- existing record, applying a lease expiry it finds. One round trip; a replay
+-- (completed record) writes nothing.
+--
+-- KEYS[1] record, KEYS[2] lease index
+-- ARGV[1] now, ARGV[2] scope, ARGV[3] endpoint, ARGV[4] key,
+-- ARGV[5] fingerprint, ARGV[6] token, ARGV[7] locked_until,
+-- ARGV[8] lease_expired_state, ARGV[9] expires_at, ARGV[10] Redis TTL in ms,
+-- ARGV[11] lease index member, ARGV[12] channel
+-- Returns {reserved (0 or 1), field, value, ...}.
+local now = tonumber(ARGV[1])
+local r = load(KEYS[1])
+
+if r and expired(r, now) then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[11])
+  r = nil
+end
+
+if not r then
+  redis.call('HSET', KEYS[1],
+    'scope', ARGV[2], 'endpoint', ARGV[3], 'key', ARGV[4],
+    'fingerprint', ARGV[5], 'state', 'in_progress', 'token', ARGV[6],
+    'locked_until', ARGV[7], 'started_at', ARGV[1],
+    'lease_expired_state', ARGV[8], 'attempts', '1',
+    'created_at', ARGV[1], 'updated_at', ARGV[1], 'expires_at', ARGV[9])
+  redis.call('PEXPIRE', KEYS[1], ARGV[10])
+  redis.call('ZADD', KEYS[2], ARGV[7], ARGV[11])
+  return {1, unpack(redis.call('HGETALL', KEYS[1]))}
+end
+
+if lease_expired(r, now) then
+  -- Decided on this request; it does not wait for the sweeper.
+  r.state = r.lease_expired_state
+  redis.call('HSET', KEYS[1], 'state', r.state, 'updated_at', ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[11])
+  notify(ARGV[12])
+end
+
+if r.state == 'released' and r.fingerprint == ARGV[5] then
+  -- Take over: a new attempt with a new fencing token. Retention, creation
+  -- time and the recovery point are kept.
+  redis.call('HDEL', KEYS[1], 'status', 'header', 'body', 'not_replayable')
+  redis.call('HSET', KEYS[1],
+    'state', 'in_progress', 'token', ARGV[6], 'locked_until', ARGV[7],
+    'started_at', ARGV[1], 'lease_expired_state', ARGV[8],
+    'updated_at', ARGV[1])
+  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+  redis.call('ZADD', KEYS[2], ARGV[7], ARGV[11])
+  return {1, unpack(redis.call('HGETALL', KEYS[1]))}
+end
+
+return {0, unpack(redis.call('HGETALL', KEYS[1]))}
