@@ -138,7 +138,7 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 	key, header, keyed, err := c.requestKey(req)
 	if err != nil {
 		closeBody(req)
-		return nil, err
+		return nil, c.fail(req, "", 0, false, err)
 	}
 	retryable := keyed || idempotentMethod(req.Method)
 	policy := c.CheckRetryUnkeyed
@@ -300,7 +300,7 @@ func (c *Client) requestKey(req *http.Request) (key, header string, keyed bool, 
 			return "", "", false, err
 		}
 	}
-	if !validKey(key) {
+	if !validKey(key, c.BareKey) {
 		return "", "", false, ErrInvalidKey
 	}
 	if c.BareKey {

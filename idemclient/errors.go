@@ -9,8 +9,8 @@ var (
 	// ErrRetriesExhausted is matched (with errors.Is) by the error Do returns
 	// when the last attempt failed and RetryMax or MaxElapsed forbade another.
 	ErrRetriesExhausted = errors.New("idemclient: retries exhausted")
-	// ErrInvalidKey is returned by Do when the key from WithKey is not 1 to
-	// 255 visible ASCII characters.
+	// ErrInvalidKey is returned by Do when the key from WithKey or NewKey is
+	// not 1 to 255 visible ASCII characters (see WithKey).
 	ErrInvalidKey = errors.New("idemclient: invalid idempotency key")
 )
 

@@ -26,7 +26,8 @@ type keyContextKey struct{}
 // the request it carries, instead of a generated one. An application that
 // stores the key with its intent (an order, a payment) can resume the same
 // logical call after its own restart and get the original result. The key
-// must be 1 to 255 visible ASCII characters. Use the context for one logical
+// must be 1 to 255 visible ASCII characters (without DQUOTE, comma or
+// semicolon when Client.BareKey is set). Use the context for one logical
 // call only: every keyed request sent with it carries the same key.
 func WithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyContextKey{}, key)
@@ -57,13 +58,16 @@ func NewKeyV7() (string, error) {
 	return u.String(), nil
 }
 
-// validKey reports whether key is 1 to 255 visible ASCII characters.
-func validKey(key string) bool {
+// validKey reports whether key is 1 to 255 visible ASCII characters and, if
+// it is to be sent bare, has no DQUOTE, comma or semicolon, which would make
+// the field a string, a list or parameters.
+func validKey(key string, bare bool) bool {
 	if len(key) == 0 || len(key) > maxKeyLength {
 		return false
 	}
 	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
+		c := key[i]
+		if c < 0x21 || c > 0x7e || (bare && (c == '"' || c == ',' || c == ';')) {
 			return false
 		}
 	}
