@@ -1,0 +1,439 @@
+// Package idemmem is an in-memory idem store for tests and local development.
+//
+// It keeps every record in one map behind one mutex, in one process: nothing
+// survives a restart and nothing is shared between processes. Records are
+// deep-copied on the way in and out, so callers never alias stored headers or
+// bodies. It implements idemstore.Waiter.
+package idemmem
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Default batch sizes, as documented on the idemstore params.
+const (
+	defaultSweepLimit = 1000
+	defaultReapLimit  = 1000
+	defaultListLimit  = 100
+)
+
+// Config configures a Store. A nil *Config means all defaults.
+type Config struct {
+	// Now is the store's clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Store is an in-memory idemstore.Store. The zero value is not usable; call
+// New.
+type Store struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	records map[idemstore.Identity]*idemstore.Record
+	// waiters holds, per identity, a channel closed at the next change.
+	waiters map[idemstore.Identity]*waiter
+}
+
+// waiter is the wake-up channel of one identity.
+type waiter struct {
+	ch chan struct{}
+	n  int // KeyWait calls parked on ch, for tests
+}
+
+var (
+	_ idemstore.Store  = (*Store)(nil)
+	_ idemstore.Waiter = (*Store)(nil)
+)
+
+// New returns an empty Store.
+func New(cfg *Config) *Store {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Store{
+		now:     c.Now,
+		records: make(map[idemstore.Identity]*idemstore.Record),
+		waiters: make(map[idemstore.Identity]*waiter),
+	}
+}
+
+// live returns the stored record of id unless it is missing or past its
+// ExpiresAt. The caller holds s.mu.
+func (s *Store) live(id idemstore.Identity, now time.Time) *idemstore.Record {
+	r := s.records[id]
+	if r == nil || !now.Before(r.ExpiresAt) {
+		return nil
+	}
+	return r
+}
+
+// changed wakes the waiters of id. The caller holds s.mu.
+func (s *Store) changed(id idemstore.Identity) {
+	if w, ok := s.waiters[id]; ok {
+		close(w.ch)
+		delete(s.waiters, id)
+	}
+}
+
+// leaseExpiredState is the state an expired lease of r turns into.
+func leaseExpiredState(r *idemstore.Record) idemstore.State {
+	if r.LeaseExpiredState == idemstore.StateReleased {
+		return idemstore.StateReleased
+	}
+	return idemstore.StateUnknown
+}
+
+// KeyReserve implements idemstore.Store.
+func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+
+	r := s.live(p.Identity, now)
+	if r == nil {
+		les := p.LeaseExpiredState
+		if les != idemstore.StateReleased {
+			les = idemstore.StateUnknown
+		}
+		r = &idemstore.Record{
+			Identity:          p.Identity,
+			Fingerprint:       p.Fingerprint,
+			State:             idemstore.StateInProgress,
+			Token:             p.Token,
+			LockedUntil:       now.Add(p.Lease),
+			StartedAt:         now,
+			LeaseExpiredState: les,
+			Attempts:          1,
+			CreatedAt:         now,
+			UpdatedAt:         now,
+			ExpiresAt:         now.Add(p.TTL),
+		}
+		s.records[p.Identity] = r
+		s.changed(p.Identity)
+		return &idemstore.ReserveResult{Reserved: true, Record: copyRecord(r)}, nil
+	}
+
+	if r.LeaseExpired(now) {
+		r.State = leaseExpiredState(r)
+		r.UpdatedAt = now
+		s.changed(p.Identity)
+	}
+	if r.State != idemstore.StateReleased || r.Fingerprint != p.Fingerprint {
+		return &idemstore.ReserveResult{Record: copyRecord(r)}, nil
+	}
+
+	r.State = idemstore.StateInProgress
+	r.Token = p.Token
+	r.LockedUntil = now.Add(p.Lease)
+	r.StartedAt = now
+	r.UpdatedAt = now
+	r.Attempts++
+	r.Response = nil
+	r.NotReplayable = false
+	if p.LeaseExpiredState == idemstore.StateReleased || p.LeaseExpiredState == idemstore.StateUnknown {
+		r.LeaseExpiredState = p.LeaseExpiredState
+	}
+	s.changed(p.Identity)
+	return &idemstore.ReserveResult{Reserved: true, Record: copyRecord(r)}, nil
+}
+
+// KeyGet implements idemstore.Store.
+func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r := s.live(id, now)
+	if r == nil {
+		return nil, idemstore.ErrNotFound
+	}
+	return viewRecord(r, now), nil
+}
+
+// viewRecord copies r as a reader sees it at now: an expired lease is
+// reported in the state it turns into.
+func viewRecord(r *idemstore.Record, now time.Time) *idemstore.Record {
+	c := copyRecord(r)
+	if c.LeaseExpired(now) {
+		c.State = leaseExpiredState(c)
+	}
+	return c
+}
+
+// fenced returns the live record of id when token owns it and its state is
+// one of states, else ErrLeaseLost. The caller holds s.mu.
+func (s *Store) fenced(id idemstore.Identity, token string, now time.Time, states ...idemstore.State) (*idemstore.Record, error) {
+	r := s.live(id, now)
+	if r == nil || r.Token != token || !slices.Contains(states, r.State) {
+		return nil, idemstore.ErrLeaseLost
+	}
+	return r, nil
+}
+
+// KeyComplete implements idemstore.Store.
+func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.fenced(p.Identity, p.Token, now, idemstore.StateInProgress, idemstore.StateUnknown)
+	if err != nil {
+		return err
+	}
+	r.State = idemstore.StateCompleted
+	r.UpdatedAt = now
+	r.NotReplayable = p.NotReplayable || p.Response == nil
+	r.Response = nil
+	if !r.NotReplayable {
+		r.Response = copyResponse(p.Response)
+	}
+	s.changed(p.Identity)
+	return nil
+}
+
+// KeyRelease implements idemstore.Store.
+func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.transition(ctx, p, idemstore.StateReleased, idemstore.StateInProgress, idemstore.StateUnknown)
+}
+
+// KeyMarkUnknown implements idemstore.Store.
+func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.transition(ctx, p, idemstore.StateUnknown, idemstore.StateInProgress)
+}
+
+// transition moves the attempt's record to state `to` from one of `from`.
+func (s *Store) transition(ctx context.Context, p *idemstore.FinishParams, to idemstore.State, from ...idemstore.State) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.fenced(p.Identity, p.Token, now, from...)
+	if err != nil {
+		return err
+	}
+	r.State = to
+	r.UpdatedAt = now
+	s.changed(p.Identity)
+	return nil
+}
+
+// KeyDelete implements idemstore.Store.
+func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.fenced(p.Identity, p.Token, s.now(), idemstore.StateInProgress); err != nil {
+		return err
+	}
+	delete(s.records, p.Identity)
+	s.changed(p.Identity)
+	return nil
+}
+
+// KeyRenew implements idemstore.Store.
+func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.fenced(p.Identity, p.Token, now, idemstore.StateInProgress)
+	if err != nil {
+		return err
+	}
+	r.LockedUntil = now.Add(p.Lease)
+	r.UpdatedAt = now
+	return nil
+}
+
+// KeyResolve implements idemstore.Store.
+func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.To != idemstore.StateCompleted && p.To != idemstore.StateReleased {
+		return idemstore.ErrInvalidState
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r := s.live(p.Identity, now)
+	switch {
+	case r == nil:
+		return idemstore.ErrNotFound
+	case r.Token != p.Token:
+		return idemstore.ErrLeaseLost
+	case viewRecord(r, now).State != idemstore.StateUnknown:
+		return idemstore.ErrInvalidState
+	}
+	r.State = p.To
+	r.UpdatedAt = now
+	r.Response = nil
+	r.NotReplayable = false
+	if p.To == idemstore.StateCompleted {
+		r.Response = copyResponse(p.Response)
+		r.NotReplayable = p.Response == nil
+	}
+	s.changed(p.Identity)
+	return nil
+}
+
+// KeySweep implements idemstore.Store.
+func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limit := cmp.Or(p.Limit, defaultSweepLimit)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var expired []*idemstore.Record
+	for id := range s.records {
+		if r := s.live(id, now); r != nil && r.LeaseExpired(now) {
+			expired = append(expired, r)
+		}
+	}
+	slices.SortFunc(expired, func(a, b *idemstore.Record) int {
+		return cmp.Or(a.LockedUntil.Compare(b.LockedUntil), compareIdentity(a.Identity, b.Identity))
+	})
+	expired = expired[:min(limit, len(expired))]
+	out := make([]*idemstore.Record, 0, len(expired))
+	for _, r := range expired {
+		r.State = leaseExpiredState(r)
+		r.UpdatedAt = now
+		s.changed(r.Identity)
+		out = append(out, copyRecord(r))
+	}
+	return out, nil
+}
+
+// KeyReap implements idemstore.Store.
+func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	limit := cmp.Or(p.Limit, defaultReapLimit)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var dead []*idemstore.Record
+	for _, r := range s.records {
+		if !now.Before(r.ExpiresAt) {
+			dead = append(dead, r)
+		}
+	}
+	slices.SortFunc(dead, func(a, b *idemstore.Record) int {
+		return cmp.Or(a.ExpiresAt.Compare(b.ExpiresAt), compareIdentity(a.Identity, b.Identity))
+	})
+	dead = dead[:min(limit, len(dead))]
+	for _, r := range dead {
+		delete(s.records, r.Identity)
+		s.changed(r.Identity)
+	}
+	return len(dead), nil
+}
+
+// KeyList implements idemstore.Store.
+func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limit := cmp.Or(p.Limit, defaultListLimit)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []*idemstore.Record
+	for id := range s.records {
+		r := s.live(id, now)
+		if r == nil {
+			continue
+		}
+		v := viewRecord(r, now)
+		if (p.State != "" && v.State != p.State) ||
+			(p.Scope != "" && v.Scope != p.Scope) ||
+			(p.Endpoint != "" && v.Endpoint != p.Endpoint) ||
+			(!p.CreatedBefore.IsZero() && !v.CreatedAt.Before(p.CreatedBefore)) ||
+			(p.After != nil && compareIdentity(v.Identity, *p.After) <= 0) {
+			continue
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b *idemstore.Record) int { return compareIdentity(a.Identity, b.Identity) })
+	return out[:min(limit, len(out))], nil
+}
+
+// KeyWait implements idemstore.Waiter: it returns when the record of id
+// changes (any write, including its deletion), or with ctx's error. A change
+// made before the call does not wake it, so callers read the record, wait,
+// and read again, with a bounded ctx.
+func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
+	s.mu.Lock()
+	w, ok := s.waiters[id]
+	if !ok {
+		w = &waiter{ch: make(chan struct{})}
+		s.waiters[id] = w
+	}
+	w.n++
+	s.mu.Unlock()
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		w.n--
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// compareIdentity orders identities by (Scope, Endpoint, Key), bytewise.
+func compareIdentity(a, b idemstore.Identity) int {
+	return cmp.Or(
+		strings.Compare(a.Scope, b.Scope),
+		strings.Compare(a.Endpoint, b.Endpoint),
+		strings.Compare(a.Key, b.Key),
+	)
+}
+
+// copyRecord returns a deep copy of r.
+func copyRecord(r *idemstore.Record) *idemstore.Record {
+	c := *r
+	c.Response = copyResponse(r.Response)
+	return &c
+}
+
+// copyResponse returns a deep copy of resp, or nil.
+func copyResponse(resp *idemstore.Response) *idemstore.Response {
+	if resp == nil {
+		return nil
+	}
+	return &idemstore.Response{
+		Status: resp.Status,
+		Header: resp.Header.Clone(),
+		Body:   bytes.Clone(resp.Body),
+	}
+}

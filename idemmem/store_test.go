@@ -1,0 +1,150 @@
+package idemmem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
+)
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
+		return idemmem.New(&idemmem.Config{Now: clock.Now})
+	})
+}
+
+func TestNewDefaults(t *testing.T) {
+	t.Parallel()
+	s := idemmem.New(nil)
+	before := time.Now()
+	res, err := s.KeyReserve(t.Context(), &idemstore.ReserveParams{
+		Identity: idemstore.Identity{Key: "k"}, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour,
+	})
+	if err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve = %+v, %v", res, err)
+	}
+	if res.Record.CreatedAt.Before(before) || res.Record.CreatedAt.After(time.Now()) {
+		t.Fatalf("CreatedAt %v is not from time.Now", res.Record.CreatedAt)
+	}
+	if res.Record.LeaseExpiredState != idemstore.StateUnknown {
+		t.Fatalf("LeaseExpiredState = %q, want unknown by default", res.Record.LeaseExpiredState)
+	}
+}
+
+func TestKeyWait(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		change func(t *testing.T, s *idemmem.Store, clock *idemtest.Clock, id idemstore.Identity, token string) error
+	}{
+		{"Complete", func(t *testing.T, s *idemmem.Store, _ *idemtest.Clock, id idemstore.Identity, token string) error {
+			return s.KeyComplete(t.Context(), &idemstore.CompleteParams{Identity: id, Token: token, Response: &idemstore.Response{Status: http.StatusOK}})
+		}},
+		{"Release", func(t *testing.T, s *idemmem.Store, _ *idemtest.Clock, id idemstore.Identity, token string) error {
+			return s.KeyRelease(t.Context(), &idemstore.FinishParams{Identity: id, Token: token})
+		}},
+		{"MarkUnknown", func(t *testing.T, s *idemmem.Store, _ *idemtest.Clock, id idemstore.Identity, token string) error {
+			return s.KeyMarkUnknown(t.Context(), &idemstore.FinishParams{Identity: id, Token: token})
+		}},
+		{"Delete", func(t *testing.T, s *idemmem.Store, _ *idemtest.Clock, id idemstore.Identity, token string) error {
+			return s.KeyDelete(t.Context(), &idemstore.FinishParams{Identity: id, Token: token})
+		}},
+		{"Sweep", func(t *testing.T, s *idemmem.Store, clock *idemtest.Clock, _ idemstore.Identity, _ string) error {
+			clock.Advance(time.Minute)
+			_, err := s.KeySweep(t.Context(), &idemstore.SweepParams{})
+			return err
+		}},
+		{"Reap", func(t *testing.T, s *idemmem.Store, clock *idemtest.Clock, _ idemstore.Identity, _ string) error {
+			clock.Advance(time.Hour)
+			_, err := s.KeyReap(t.Context(), &idemstore.ReapParams{})
+			return err
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			clock := idemtest.NewClock(time.Now())
+			s := idemmem.New(&idemmem.Config{Now: clock.Now})
+			id := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "k"}
+			bystander := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "bystander"}
+			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
+				Identity: id, Fingerprint: "f", Token: "t1", Lease: time.Minute, TTL: time.Hour,
+			})
+			if err != nil || !res.Reserved {
+				t.Fatalf("KeyReserve = %+v, %v", res, err)
+			}
+
+			const waiters = 5
+			done := make(chan error, waiters+1)
+			for range waiters {
+				go func() { done <- s.KeyWait(ctx, id) }()
+			}
+			bctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			bystanderDone := make(chan error, 1)
+			go func() { bystanderDone <- s.KeyWait(bctx, bystander) }()
+			deadline := time.Now().Add(10 * time.Second)
+			for idemmem.Parked(s, id) < waiters || idemmem.Parked(s, bystander) < 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("waiters did not park")
+				}
+				time.Sleep(time.Millisecond)
+			}
+
+			// A renewal is no change worth waking for.
+			if err := s.KeyRenew(ctx, &idemstore.RenewParams{Identity: id, Token: "t1", Lease: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			if n := idemmem.Parked(s, id); n != waiters {
+				t.Fatalf("%d waiters parked after a renewal, want %d", n, waiters)
+			}
+
+			if err := tt.change(t, s, clock, id, "t1"); err != nil {
+				t.Fatalf("change: %v", err)
+			}
+			for range waiters {
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("KeyWait = %v, want nil", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("KeyWait did not return after the record changed")
+				}
+			}
+			if n := idemmem.Parked(s, bystander); n != 1 {
+				t.Fatalf("a change of another record woke its waiter (%d parked)", n)
+			}
+			cancel()
+			if err := <-bystanderDone; !errors.Is(err, context.Canceled) {
+				t.Fatalf("bystander KeyWait = %v, want context.Canceled", err)
+			}
+			if n := idemmem.Parked(s, bystander); n != 0 {
+				t.Fatalf("%d waiters parked after cancellation, want 0", n)
+			}
+		})
+	}
+}
+
+func TestKeyWaitCancel(t *testing.T) {
+	t.Parallel()
+	s := idemmem.New(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.KeyWait(ctx, idemstore.Identity{Key: "k"}) }()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("KeyWait = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("KeyWait did not return after its context was canceled")
+	}
+}
