@@ -1,0 +1,79 @@
+package idem
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+)
+
+// Problem codes: the short names carried in the "code" member of every
+// problem+json answer and appended to Config.ProblemTypeBase to form "type".
+const (
+	CodeKeyMissing       = "key-missing"
+	CodeKeyInvalid       = "key-invalid"
+	CodeKeyReused        = "key-reused"
+	CodeKeyInUse         = "key-in-use"
+	CodeOutcomeUnknown   = "outcome-unknown"
+	CodeNotReplayable    = "not-replayable"
+	CodeBodyTooLarge     = "body-too-large"
+	CodeStoreUnavailable = "store-unavailable"
+	CodeTooManyKeys      = "too-many-keys"
+	// CodeConflict is the Appstrate profile's code for a reused key.
+	CodeConflict = "conflict"
+	// CodeUnauthorized answers a request whose scope could not be determined.
+	CodeUnauthorized = "unauthorized"
+)
+
+// ErrStoreUnavailable wraps a store failure that made the middleware refuse
+// a request (fail closed).
+var ErrStoreUnavailable = errors.New("idem: store unavailable")
+
+// Problem is an RFC 9457 problem details object as the middleware writes it.
+// Detail is client-facing text: it never contains keys, tokens or bodies.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+}
+
+var problemTitles = map[string]string{
+	CodeKeyMissing:       "Idempotency-Key header missing",
+	CodeKeyInvalid:       "Idempotency-Key header invalid",
+	CodeKeyReused:        "Idempotency-Key reused with another request",
+	CodeKeyInUse:         "Request with this Idempotency-Key in progress",
+	CodeOutcomeUnknown:   "Outcome of the earlier request unknown",
+	CodeNotReplayable:    "Response cannot be replayed",
+	CodeBodyTooLarge:     "Request body too large",
+	CodeStoreUnavailable: "Idempotency store unavailable",
+	CodeTooManyKeys:      "Too many idempotency keys",
+	CodeConflict:         "Idempotency-Key conflict",
+	CodeUnauthorized:     "Unauthorized",
+}
+
+// writeProblem answers with an application/problem+json body. retryAfter,
+// when positive, is sent as Retry-After in seconds.
+func (m *middleware) writeProblem(w http.ResponseWriter, status int, code, detail string, retryAfter int) {
+	p := Problem{
+		Type:   m.cfg.ProblemTypeBase + code,
+		Title:  problemTitles[code],
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	}
+	body, err := json.Marshal(p)
+	if err != nil { // cannot happen with these field types
+		body = []byte(`{"status":500}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(status)
+	w.Write(body)
+}

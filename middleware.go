@@ -1,0 +1,604 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// HeaderKey is the request header that carries the idempotency key.
+const HeaderKey = "Idempotency-Key"
+
+// HeaderReplayed is set to "true" on every answer served from a stored response.
+const HeaderReplayed = "Idempotent-Replayed"
+
+// New returns the idempotency middleware on store. A nil cfg means all
+// defaults (see Config).
+func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
+	m := newMiddleware(store, cfg)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(w, r, next)
+		})
+	}
+}
+
+type middleware struct {
+	store   idemstore.Store
+	waiter  idemstore.Waiter // nil when the store cannot notify
+	cfg     Config
+	methods map[string]bool
+	stored  map[string]bool // canonical header names stored for replay
+	log     *slog.Logger
+	hub     hub
+	limits  *scopeLimits
+}
+
+func newMiddleware(store idemstore.Store, c *Config) *middleware {
+	cfg := c.withDefaults()
+	m := &middleware{
+		store:   store,
+		cfg:     cfg,
+		methods: make(map[string]bool),
+		stored:  make(map[string]bool),
+		log:     cfg.Logger,
+	}
+	m.waiter, _ = store.(idemstore.Waiter)
+	for _, meth := range cfg.Methods {
+		m.methods[strings.ToUpper(meth)] = true
+	}
+	for _, h := range cfg.StoredHeaders {
+		name := http.CanonicalHeaderKey(h)
+		if !neverStored[name] {
+			m.stored[name] = true
+		}
+	}
+	if cfg.MaxInProgressPerScope > 0 || cfg.NewKeysPerSecondPerScope > 0 {
+		m.limits = newScopeLimits(cfg.MaxInProgressPerScope, cfg.NewKeysPerSecondPerScope)
+	}
+	if cfg.FailOpen {
+		m.log.Warn("idem: fail-open is enabled: requests run UNPROTECTED when the store is unavailable; never use this in production")
+	}
+	return m
+}
+
+// neverStored are headers never kept for replay, whatever the allow-list says.
+var neverStored = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
+	"Content-Length": true, HeaderReplayed: true,
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !m.methods[r.Method] {
+		next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(HeaderKey)
+	if len(values) == 0 {
+		if m.cfg.RequireKey {
+			m.writeProblem(w, http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.", 0)
+			return
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(values)
+	if err == nil && len(key) < m.cfg.MinKeyLength {
+		err = fmt.Errorf("%w: shorter than %d characters", ErrKeyInvalid, m.cfg.MinKeyLength)
+	}
+	if err != nil {
+		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
+		return
+	}
+	scope := ""
+	if m.cfg.Scope != nil {
+		if scope, err = m.cfg.Scope(r); err != nil {
+			m.writeProblem(w, http.StatusUnauthorized, CodeUnauthorized, "The request's tenant could not be determined.", 0)
+			return
+		}
+	}
+	body, tooLarge, err := readBody(r, m.cfg.MaxBody)
+	if tooLarge {
+		m.writeProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBody), 0)
+		return
+	}
+	if err != nil {
+		// The client went away or sent a broken body: nothing is stored.
+		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, "The request body could not be read.", 0)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+
+	endpoint := m.endpoint(r)
+	a := &attempt{
+		m:  m,
+		id: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
+		fp: Fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.Fingerprint),
+	}
+	m.decide(w, r, next, a)
+}
+
+// decide reserves the key and answers by the record's state; it runs the
+// handler when this request won the reservation.
+func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
+	if m.limits != nil {
+		if ok, retry := m.limits.admit(a.id.Scope, m.cfg.Now()); !ok {
+			m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
+				"Too many idempotency keys in progress or created for this tenant.", retry)
+			return
+		}
+	}
+	admitted := m.limits != nil
+	defer func() {
+		if admitted {
+			m.limits.refund(a.id.Scope)
+		}
+	}()
+	var deadline <-chan time.Time
+	for {
+		res, err := m.reserve(r.Context(), a)
+		if err != nil {
+			m.storeFailed(w, r, next, a, "reserve", err)
+			return
+		}
+		if res.Reserved {
+			if admitted {
+				admitted = false
+				defer m.limits.done(a.id.Scope)
+			}
+			m.execute(w, r, next, a, res.Record)
+			return
+		}
+		rec := res.Record
+		if rec.Fingerprint != a.fp {
+			m.answerReused(w, a)
+			return
+		}
+		switch rec.State {
+		case idemstore.StateCompleted:
+			m.replay(w, a, rec)
+			return
+		case idemstore.StateUnknown:
+			m.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			m.writeProblem(w, http.StatusConflict, CodeOutcomeUnknown,
+				"An earlier request with this key may or may not have taken effect; it is being reconciled. Retry later.",
+				m.unknownRetryAfter())
+			return
+		}
+		// In progress (or released but not re-claimable, which a correct
+		// store never returns with a matching fingerprint).
+		if m.cfg.Wait <= 0 {
+			m.answerInProgress(w, a, rec)
+			return
+		}
+		if deadline == nil {
+			t := time.NewTimer(m.cfg.Wait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		if !m.wait(r.Context(), a, rec, deadline) {
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			m.answerInProgress(w, a, rec)
+			return
+		}
+	}
+}
+
+func (m *middleware) reserve(ctx context.Context, a *attempt) (*idemstore.ReserveResult, error) {
+	a.token = newToken()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	defer cancel()
+	return m.store.KeyReserve(ctx, &idemstore.ReserveParams{
+		Identity:          a.id,
+		Fingerprint:       a.fp,
+		Token:             a.token,
+		Lease:             m.cfg.Lease,
+		TTL:               m.cfg.TTL,
+		LeaseExpiredState: idemstore.StateUnknown,
+	})
+}
+
+// storeFailed fails closed: 503 unless the development fail-open switch is on.
+func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, op string, err error) {
+	if m.cfg.FailOpen {
+		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		next.ServeHTTP(w, r)
+		return
+	}
+	m.log.Error("idem: store unavailable", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+	m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		"The idempotency store is unavailable; the request was not processed. Retry later.", 1)
+}
+
+func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
+	m.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
+	const detail = "This Idempotency-Key was already used with a different request."
+	switch m.cfg.Profile {
+	case ProfileStripe:
+		m.writeProblem(w, http.StatusBadRequest, CodeKeyReused, detail, 0)
+	case ProfileAppstrate:
+		m.writeProblem(w, http.StatusConflict, CodeConflict, detail, 0)
+	default:
+		m.writeProblem(w, http.StatusUnprocessableEntity, CodeKeyReused, detail, 0)
+	}
+}
+
+func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
+	retry := retryAfter(m.cfg.Now(), rec)
+	if m.cfg.Async {
+		w.Header().Set("Retry-After", fmt.Sprint(retry))
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	m.writeProblem(w, http.StatusConflict, CodeKeyInUse,
+		"A request with this Idempotency-Key is in progress. Retry later.", retry)
+}
+
+// retryAfter estimates the remaining work of an in-progress attempt in whole
+// seconds: as long again as it has run so far (a running attempt renews its
+// lease, so the lease end says little), at least 1 s and at most the rest of
+// the current lease.
+func retryAfter(now time.Time, rec *idemstore.Record) int {
+	est := now.Sub(rec.StartedAt)
+	if rest := rec.LockedUntil.Sub(now); est > rest {
+		est = rest
+	}
+	secs := int((est + time.Second - 1) / time.Second)
+	return max(secs, 1)
+}
+
+func (m *middleware) unknownRetryAfter() int {
+	return max(int(m.cfg.Lease/time.Second), 1)
+}
+
+func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
+	if rec.NotReplayable || rec.Response == nil {
+		m.writeProblem(w, http.StatusConflict, CodeNotReplayable,
+			"The request with this Idempotency-Key completed, but its response was streamed or too large to store.", 0)
+		return
+	}
+	h := w.Header()
+	for name, vs := range rec.Response.Header {
+		h[name] = vs
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", fmt.Sprint(len(rec.Response.Body)))
+	w.WriteHeader(rec.Response.Status)
+	w.Write(rec.Response.Body)
+}
+
+// wait blocks until the record may have changed, the deadline passes or the
+// client leaves. It is woken by a completion in this process, by the store's
+// notifications when it has them, and otherwise re-reads with backoff.
+func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record, deadline <-chan time.Time) bool {
+	ch := m.hub.subscribe(a.id)
+	defer m.hub.unsubscribe(a.id, ch)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	woke := make(chan struct{}, 1)
+	if m.waiter != nil {
+		go func() {
+			if m.waiter.KeyWait(ctx, a.id) == nil {
+				woke <- struct{}{}
+			}
+		}()
+	}
+	// Fallback for completions in other processes without notifications:
+	// re-read at a pace tied to the attempt's progress.
+	poll := time.NewTimer(min(time.Duration(retryAfter(m.cfg.Now(), rec))*time.Second/4, m.cfg.Lease/3, time.Second))
+	defer poll.Stop()
+	select {
+	case <-ch.c:
+	case <-woke:
+	case <-poll.C:
+	case <-deadline:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// execute runs the handler under the lease this request holds.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
+	rw := &recorder{w: w, max: m.cfg.MaxResponse}
+	stopRenew := m.renew(a)
+	ctx := context.WithValue(r.Context(), attemptKey{}, a)
+	defer m.hub.publish(a.id)
+
+	panicked := true
+	defer func() {
+		stopRenew()
+		if panicked {
+			m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error {
+				return m.store.KeyMarkUnknown(ctx, &idemstore.FinishParams{Identity: a.id, Token: a.token})
+			})
+			m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+		}
+	}()
+	next.ServeHTTP(rw, r.WithContext(ctx))
+	panicked = false
+	stopRenew()
+	m.complete(r, a, rw)
+	rw.finish()
+}
+
+// complete records the outcome of the handler (SPEC section 3, after the handler).
+func (m *middleware) complete(r *http.Request, a *attempt, rw *recorder) {
+	status := rw.status
+	if !rw.wroteHeader {
+		status = http.StatusOK
+	}
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	switch {
+	case a.rejected.Load():
+		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
+	case a.unknown.Load():
+		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+	case m.releases(status):
+		m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
+	default:
+		p := &idemstore.CompleteParams{Identity: a.id, Token: a.token}
+		if rw.streamed || rw.hijacked {
+			p.NotReplayable = true
+		} else {
+			p.Response = &idemstore.Response{Status: status, Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		}
+		m.finishStore(r, a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
+	}
+}
+
+// releases reports whether a response of this status releases the key so a
+// retry re-executes.
+func (m *middleware) releases(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return status >= 500 && m.cfg.Profile != ProfileStripe
+}
+
+// finishStore runs a fenced write after the handler on a context detached
+// from the client's: a client that hangs up does not stop it.
+func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
+	defer cancel()
+	err := f(ctx)
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		m.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+	default:
+		m.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+	}
+}
+
+func (m *middleware) storedHeader(h http.Header) http.Header {
+	out := make(http.Header, len(m.stored))
+	for name, vs := range h {
+		if m.stored[name] {
+			out[name] = slices.Clone(vs)
+		}
+	}
+	return out
+}
+
+// renew heartbeats the lease every Lease/3 until the returned stop is called.
+func (m *middleware) renew(a *attempt) (stop func()) {
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		t := time.NewTicker(m.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
+			err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
+			cancel()
+			if errors.Is(err, idemstore.ErrLeaseLost) {
+				m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+				return
+			}
+			if err != nil {
+				m.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+			}
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }
+}
+
+func (m *middleware) endpoint(r *http.Request) string {
+	if m.cfg.Endpoint != nil {
+		return m.cfg.Endpoint(r)
+	}
+	if p := r.Pattern; p != "" {
+		if i := strings.IndexByte(p, ' '); i > 0 && !strings.ContainsRune(p[:i], '/') {
+			return p
+		}
+		return r.Method + " " + p
+	}
+	return r.Method + " " + r.URL.Path
+}
+
+// readBody reads at most limit bytes of the request body.
+func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false, nil
+	}
+	if r.ContentLength > limit {
+		return nil, true, nil
+	}
+	size := int64(512)
+	if r.ContentLength > 0 {
+		size = r.ContentLength + 1
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	if n > limit {
+		return nil, true, nil
+	}
+	return buf.Bytes(), false, err
+}
+
+func newToken() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// attempt is one request's claim on a record.
+type attempt struct {
+	m        *middleware
+	id       idemstore.Identity
+	fp       string
+	token    string
+	unknown  atomic.Bool
+	rejected atomic.Bool
+}
+
+// keyHash names the record in logs without revealing the key.
+func (a *attempt) keyHash() string { return identityHash(a.id)[:16] }
+
+func identityHash(id idemstore.Identity) string {
+	h := sha256.New()
+	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key} {
+		var n [8]byte
+		for i, l := 0, uint64(len(s)); i < 8; i++ {
+			n[7-i] = byte(l >> (8 * i))
+		}
+		h.Write(n[:])
+		io.WriteString(h, s)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+type attemptKey struct{}
+
+func attemptFrom(ctx context.Context) *attempt {
+	a, _ := ctx.Value(attemptKey{}).(*attempt)
+	return a
+}
+
+// MarkUnknown tells the middleware that the handler's effect may already
+// have happened although it answers with an error: the record becomes
+// unknown instead of released, and no retry re-executes it until
+// reconciliation resolves it. It reports false outside a protected request.
+func MarkUnknown(ctx context.Context) bool {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return false
+	}
+	a.unknown.Store(true)
+	return true
+}
+
+// Reject declares the handler's response a rejection made before any effect
+// (failed validation, refused authorisation): the record is dropped instead
+// of stored, so the corrected request may reuse the key. It reports false
+// outside a protected request.
+func Reject(ctx context.Context) bool {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return false
+	}
+	a.rejected.Store(true)
+	return true
+}
+
+// KeyFromContext returns the idempotency key of the protected request.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return "", false
+	}
+	return a.id.Key, true
+}
+
+// DerivedKey returns a stable key for an external call named name made on
+// behalf of the protected request: the same scope, endpoint, client key and
+// name always give the same value, so a downstream that honours its own
+// Idempotency-Key deduplicates retries. It returns "" outside a protected
+// request.
+func DerivedKey(ctx context.Context, name string) string {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return ""
+	}
+	return DeriveKey(a.id, name)
+}
+
+// DeriveKey is DerivedKey for a known identity, for workers outside a request.
+func DeriveKey(id idemstore.Identity, name string) string {
+	h := sha256.New()
+	io.WriteString(h, identityHash(id))
+	io.WriteString(h, name)
+	return "idem-" + hex.EncodeToString(h.Sum(nil))[:40]
+}
+
+// hub wakes requests waiting on a record in this process when an attempt
+// finishes.
+type hub struct {
+	mu sync.Mutex
+	m  map[idemstore.Identity]*waitChan
+}
+
+type waitChan struct {
+	c    chan struct{}
+	refs int
+}
+
+func (h *hub) subscribe(id idemstore.Identity) *waitChan {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[idemstore.Identity]*waitChan)
+	}
+	wc := h.m[id]
+	if wc == nil {
+		wc = &waitChan{c: make(chan struct{})}
+		h.m[id] = wc
+	}
+	wc.refs++
+	return wc
+}
+
+func (h *hub) unsubscribe(id idemstore.Identity, wc *waitChan) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	wc.refs--
+	if wc.refs == 0 && h.m[id] == wc {
+		delete(h.m, id)
+	}
+}
+
+func (h *hub) publish(id idemstore.Identity) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if wc := h.m[id]; wc != nil {
+		close(wc.c)
+		delete(h.m, id)
+	}
+}

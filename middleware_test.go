@@ -1,0 +1,827 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
+)
+
+// testBundle is what setup returns: a store with a test clock, a counting
+// handler behind the middleware, and the captured log.
+type testBundle struct {
+	clock   *idemtest.Clock
+	store   *faultStore
+	calls   atomic.Int64
+	handler http.Handler
+	logs    *syncBuffer
+}
+
+func setup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *testBundle {
+	t.Helper()
+	b := &testBundle{clock: idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), logs: &syncBuffer{}}
+	b.store = &faultStore{Store: idemmem.New(&idemmem.Config{Now: b.clock.Now})}
+	var c idem.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Now == nil {
+		c.Now = b.clock.Now
+	}
+	c.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if h == nil {
+		h = func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Location", "/v1/things/1")
+			w.Header().Set("Set-Cookie", "session=secret")
+			w.Header().Set("X-Not-Stored", "1")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"n":%d,"echo":%q}`, b.calls.Load(), body)
+		}
+	}
+	b.handler = idem.New(b.store, &c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.calls.Add(1)
+		h(w, r)
+	}))
+	t.Cleanup(func() {
+		if strings.Contains(b.logs.String(), "key-one") {
+			t.Errorf("a raw key appeared in the log:\n%s", b.logs.String())
+		}
+	})
+	return b
+}
+
+func (b *testBundle) do(t *testing.T, method, key, body string, hdr ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, "/v1/things", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	b.handler.ServeHTTP(w, r)
+	return w
+}
+
+type problem struct {
+	Type, Title, Detail, Code string
+	Status                    int
+}
+
+func requireProblem(t *testing.T, w *httptest.ResponseRecorder, status int, code string) problem {
+	t.Helper()
+	if w.Code != status {
+		t.Fatalf("status = %d, want %d; body %s", w.Code, status, w.Body)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type = %q, want application/problem+json", ct)
+	}
+	var p problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body: %v: %s", err, w.Body)
+	}
+	if p.Code != code || p.Status != status || p.Title == "" || p.Detail == "" || p.Type != "https://idem.dev/problems/"+code {
+		t.Fatalf("problem = %+v, want code %s status %d", p, code, status)
+	}
+	if strings.Contains(w.Body.String(), "key-one") {
+		t.Fatalf("problem reveals the key: %s", w.Body)
+	}
+	return p
+}
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	first := b.do(t, "POST", "key-one", `{"amount": 100, "currency": "EUR"}`)
+	if first.Code != http.StatusCreated || first.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %v", first.Code, first.Header())
+	}
+	if first.Header().Get("Set-Cookie") == "" {
+		t.Fatal("the first answer lost the handler's Set-Cookie")
+	}
+	// Same request, other key order and whitespace: replayed.
+	second := b.do(t, "POST", `"key-one"`, `{ "currency":"EUR","amount":1e2 }`)
+	if second.Code != http.StatusCreated {
+		t.Fatalf("replay status %d", second.Code)
+	}
+	if !bytes.Equal(second.Body.Bytes(), first.Body.Bytes()) {
+		t.Fatalf("replay body %q, want %q", second.Body, first.Body)
+	}
+	if got := second.Header().Get("Idempotent-Replayed"); got != "true" {
+		t.Fatalf("Idempotent-Replayed = %q", got)
+	}
+	for _, h := range []string{"Content-Type", "Location"} {
+		if second.Header().Get(h) != first.Header().Get(h) {
+			t.Errorf("%s not replayed", h)
+		}
+	}
+	for _, h := range []string{"Set-Cookie", "X-Not-Stored"} {
+		if v := second.Header().Get(h); v != "" {
+			t.Errorf("%s replayed: %q", h, v)
+		}
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	t.Parallel()
+	t.Run("uncovered method", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, nil)
+		b.do(t, "GET", "key-one", "")
+		b.do(t, "GET", "key-one", "")
+		if b.calls.Load() != 2 || b.store.reserves.Load() != 0 {
+			t.Fatalf("calls %d reserves %d", b.calls.Load(), b.store.reserves.Load())
+		}
+	})
+	t.Run("optional key missing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, nil)
+		b.do(t, "POST", "", "{}")
+		b.do(t, "POST", "", "{}")
+		if b.calls.Load() != 2 || b.store.reserves.Load() != 0 {
+			t.Fatalf("calls %d reserves %d", b.calls.Load(), b.store.reserves.Load())
+		}
+	})
+	t.Run("required key missing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &idem.Config{RequireKey: true}, nil)
+		requireProblem(t, b.do(t, "POST", "", "{}"), 400, "key-missing")
+		if b.calls.Load() != 0 {
+			t.Fatal("handler ran")
+		}
+	})
+	t.Run("PUT covered when configured", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &idem.Config{Methods: []string{"PUT"}}, nil)
+		b.do(t, "PUT", "key-one", "{}")
+		if w := b.do(t, "PUT", "key-one", "{}"); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatal("PUT not protected")
+		}
+		b.do(t, "POST", "key-one", "{}")
+		if b.calls.Load() != 2 {
+			t.Fatalf("calls %d", b.calls.Load())
+		}
+	})
+}
+
+func TestBadKeys(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("k", 256)
+	cases := map[string][]string{
+		"empty":             {""},
+		"empty quoted":      {`""`},
+		"256 characters":    {long},
+		"non-ASCII":         {"clé"},
+		"control character": {"ab\x01c"},
+		"bad escape":        {`"ab\nc"`},
+		"comma list":        {"a, b"},
+		"quoted list":       {`"a", "b"`},
+		"two field lines":   {"a", "b"},
+		"below minimum":     {"short"},
+	}
+	for name, values := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &idem.Config{MinKeyLength: 8}, nil)
+			r := httptest.NewRequest("POST", "/v1/things", strings.NewReader("{}"))
+			for _, v := range values {
+				r.Header.Add("Idempotency-Key", v)
+			}
+			w := httptest.NewRecorder()
+			b.handler.ServeHTTP(w, r)
+			requireProblem(t, w, 400, "key-invalid")
+			if b.calls.Load() != 0 || b.store.reserves.Load() != 0 {
+				t.Fatalf("calls %d reserves %d", b.calls.Load(), b.store.reserves.Load())
+			}
+		})
+	}
+}
+
+func TestBodyLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &idem.Config{MaxBody: 64}, nil)
+	requireProblem(t, b.do(t, "POST", "key-one", strings.Repeat("x", 65)), 413, "body-too-large")
+	// Without Content-Length (chunked) too.
+	r := httptest.NewRequest("POST", "/v1/things", io.MultiReader(strings.NewReader(strings.Repeat("y", 65))))
+	r.ContentLength = -1
+	r.Header.Set("Idempotency-Key", "key-two")
+	w := httptest.NewRecorder()
+	b.handler.ServeHTTP(w, r)
+	requireProblem(t, w, 413, "body-too-large")
+	if b.calls.Load() != 0 || b.store.reserves.Load() != 0 {
+		t.Fatalf("calls %d reserves %d", b.calls.Load(), b.store.reserves.Load())
+	}
+	if w := b.do(t, "POST", "key-one", strings.Repeat("x", 64)); w.Code != 201 {
+		t.Fatalf("body at the limit: %d", w.Code)
+	}
+}
+
+func TestKeyReused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		profile idem.Profile
+		status  int
+		code    string
+	}{
+		{idem.ProfileIETF, 422, "key-reused"},
+		{idem.ProfileStripe, 400, "key-reused"},
+		{idem.ProfileAppstrate, 409, "conflict"},
+	} {
+		t.Run(string(tc.profile), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &idem.Config{Profile: tc.profile}, nil)
+			b.do(t, "POST", "key-one", `{"amount":1}`)
+			requireProblem(t, b.do(t, "POST", "key-one", `{"amount":2}`), tc.status, tc.code)
+			if b.calls.Load() != 1 {
+				t.Fatalf("calls %d", b.calls.Load())
+			}
+		})
+	}
+}
+
+func TestInvalidJSONIsFingerprintedRaw(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		var v any
+		if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+			http.Error(w, "bad json", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(201)
+	})
+	if w := b.do(t, "POST", "key-one", `{"amount":`); w.Code != 400 {
+		t.Fatalf("status %d", w.Code)
+	}
+	if w := b.do(t, "POST", "key-one", `{"amount":`); w.Code != 400 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d replayed=%q", w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	requireProblem(t, b.do(t, "POST", "key-one", `{"amount": `), 422, "key-reused")
+	if b.calls.Load() != 1 {
+		t.Fatalf("calls %d", b.calls.Load())
+	}
+}
+
+func TestStatusPolicy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status  int
+		profile idem.Profile
+		reruns  bool
+	}{
+		{200, idem.ProfileIETF, false},
+		{302, idem.ProfileIETF, false},
+		{404, idem.ProfileIETF, false},
+		{408, idem.ProfileIETF, true},
+		{425, idem.ProfileIETF, true},
+		{429, idem.ProfileIETF, true},
+		{500, idem.ProfileIETF, true},
+		{503, idem.ProfileIETF, true},
+		{500, idem.ProfileStripe, false},
+		{429, idem.ProfileStripe, true},
+	} {
+		t.Run(fmt.Sprint(tc.profile, tc.status), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &idem.Config{Profile: tc.profile}, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tc.status)
+			})
+			b.do(t, "POST", "key-one", "{}")
+			w := b.do(t, "POST", "key-one", "{}")
+			want := int64(1)
+			if tc.reruns {
+				want = 2
+			}
+			if n := b.calls.Load(); n != want {
+				t.Fatalf("handler ran %d times, want %d", n, want)
+			}
+			if w.Code != tc.status {
+				t.Fatalf("second answer %d", w.Code)
+			}
+			if replayed := w.Header().Get("Idempotent-Replayed") == "true"; replayed == tc.reruns {
+				t.Fatalf("replayed = %v", replayed)
+			}
+		})
+	}
+}
+
+func TestMarkUnknownAndReject(t *testing.T) {
+	t.Parallel()
+	t.Run("unknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+			if !idem.MarkUnknown(r.Context()) {
+				t.Error("MarkUnknown outside a protected request")
+			}
+			w.WriteHeader(502)
+		})
+		b.do(t, "POST", "key-one", "{}")
+		w := b.do(t, "POST", "key-one", "{}")
+		requireProblem(t, w, 409, "outcome-unknown")
+		if w.Header().Get("Retry-After") == "" || b.calls.Load() != 1 {
+			t.Fatalf("Retry-After %q calls %d", w.Header().Get("Retry-After"), b.calls.Load())
+		}
+	})
+	t.Run("reject", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			if string(body) == `{"amount":-1}` {
+				idem.Reject(r.Context())
+				w.WriteHeader(400)
+				return
+			}
+			w.WriteHeader(201)
+		})
+		if w := b.do(t, "POST", "key-one", `{"amount":-1}`); w.Code != 400 {
+			t.Fatalf("status %d", w.Code)
+		}
+		// The corrected request reuses the key.
+		if w := b.do(t, "POST", "key-one", `{"amount":1}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatalf("corrected: %d", w.Code)
+		}
+		if w := b.do(t, "POST", "key-one", `{"amount":1}`); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatal("corrected request not replayed")
+		}
+		if b.calls.Load() != 2 {
+			t.Fatalf("calls %d", b.calls.Load())
+		}
+	})
+	t.Run("outside a request", func(t *testing.T) {
+		t.Parallel()
+		if idem.MarkUnknown(context.Background()) || idem.Reject(context.Background()) || idem.DerivedKey(context.Background(), "x") != "" {
+			t.Fatal("context helpers accepted a bare context")
+		}
+	})
+}
+
+func TestPanicMarksUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the server")
+			}
+		}()
+		b.do(t, "POST", "key-one", "{}")
+	}()
+	requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "outcome-unknown")
+	if b.calls.Load() != 1 {
+		t.Fatalf("calls %d", b.calls.Load())
+	}
+}
+
+func TestNotReplayable(t *testing.T) {
+	t.Parallel()
+	t.Run("over the response limit", func(t *testing.T) {
+		t.Parallel()
+		big := strings.Repeat("z", 100)
+		b := setup(t, &idem.Config{MaxResponse: 64}, func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, big[:50])
+			io.WriteString(w, big[50:])
+		})
+		if w := b.do(t, "POST", "key-one", "{}"); w.Body.String() != big {
+			t.Fatalf("first answer %q", w.Body)
+		}
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "not-replayable")
+		if b.calls.Load() != 1 {
+			t.Fatalf("calls %d", b.calls.Load())
+		}
+	})
+	t.Run("flushed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "part1 ")
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Error(err)
+			}
+			io.WriteString(w, "part2")
+		})
+		w := b.do(t, "POST", "key-one", "{}")
+		if w.Body.String() != "part1 part2" || !w.Flushed {
+			t.Fatalf("first answer %q flushed=%v", w.Body, w.Flushed)
+		}
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "not-replayable")
+	})
+}
+
+func TestInProgress(t *testing.T) {
+	t.Parallel()
+	gate := func() (chan struct{}, chan struct{}, http.HandlerFunc) {
+		started, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		return started, release, func(w http.ResponseWriter, r *http.Request) {
+			once.Do(func() { close(started) })
+			<-release
+			w.WriteHeader(201)
+			io.WriteString(w, "done")
+		}
+	}
+	t.Run("409 with Retry-After", func(t *testing.T) {
+		t.Parallel()
+		started, release, h := gate()
+		b := setup(t, &idem.Config{Lease: 30 * time.Second}, h)
+		go b.do(t, "POST", "key-one", "{}")
+		<-started
+		b.clock.Advance(5 * time.Second)
+		w := b.do(t, "POST", "key-one", "{}")
+		requireProblem(t, w, 409, "key-in-use")
+		if got := w.Header().Get("Retry-After"); got != "5" {
+			t.Fatalf("Retry-After = %q, want 5 (the elapsed time, not the lease)", got)
+		}
+		close(release)
+	})
+	t.Run("async 202", func(t *testing.T) {
+		t.Parallel()
+		started, release, h := gate()
+		b := setup(t, &idem.Config{Async: true}, h)
+		go b.do(t, "POST", "key-one", "{}")
+		<-started
+		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 202 || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("status %d Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+		}
+		close(release)
+	})
+	t.Run("wait mode gets the result", func(t *testing.T) {
+		t.Parallel()
+		started, release, h := gate()
+		b := setup(t, &idem.Config{Wait: time.Minute}, h)
+		go b.do(t, "POST", "key-one", "{}")
+		<-started
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- b.do(t, "POST", "key-one", "{}") }()
+		close(release)
+		select {
+		case w := <-done:
+			if w.Code != 201 || w.Body.String() != "done" || w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("waiter got %d %q", w.Code, w.Body)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter was not woken by the completion")
+		}
+		if b.calls.Load() != 1 {
+			t.Fatalf("calls %d", b.calls.Load())
+		}
+	})
+	t.Run("wait mode bounded", func(t *testing.T) {
+		t.Parallel()
+		started, release, h := gate()
+		defer close(release)
+		b := setup(t, &idem.Config{Wait: 50 * time.Millisecond}, h)
+		go b.do(t, "POST", "key-one", "{}")
+		<-started
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "key-in-use")
+	})
+}
+
+func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
+	t.Parallel()
+	// Real time: the lease (60 ms) is much shorter than the handler (400 ms).
+	store := idemmem.New(nil)
+	var calls atomic.Int64
+	h := idem.New(store, &idem.Config{Lease: 60 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(400 * time.Millisecond)
+		w.WriteHeader(201)
+	}))
+	req := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/x", nil)
+		r.Header.Set("Idempotency-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan struct{})
+	go func() { req(); close(done) }()
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		w := req()
+		if w.Code == 201 {
+			break
+		}
+		if w.Code != 409 || !strings.Contains(w.Body.String(), "key-in-use") {
+			t.Fatalf("while the handler runs: %d %s", w.Code, w.Body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-done
+	if w := req(); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after: %d", w.Code)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("calls %d", calls.Load())
+	}
+}
+
+func TestExpiredLeaseBecomesUnknown(t *testing.T) {
+	t.Parallel()
+	// The completion fails (store down after the handler ran): the record
+	// stays in progress until its lease expires, then answers unknown.
+	b := setup(t, &idem.Config{Lease: 10 * time.Second}, nil)
+	b.store.failComplete.Store(true)
+	if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 {
+		t.Fatalf("the client must still get the handler's answer: %d", w.Code)
+	}
+	b.store.failComplete.Store(false)
+	requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "key-in-use")
+	b.clock.Advance(11 * time.Second)
+	requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "outcome-unknown")
+	if b.calls.Load() != 1 {
+		t.Fatalf("calls %d", b.calls.Load())
+	}
+	// Past retention the key is new.
+	b.clock.Advance(25 * time.Hour)
+	if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 || b.calls.Load() != 2 {
+		t.Fatalf("after retention: %d calls %d", w.Code, b.calls.Load())
+	}
+}
+
+func TestStoreOutage(t *testing.T) {
+	t.Parallel()
+	t.Run("reserve error", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, nil)
+		b.store.failReserve.Store(true)
+		w := b.do(t, "POST", "key-one", "{}")
+		requireProblem(t, w, 503, "store-unavailable")
+		if w.Header().Get("Retry-After") == "" || b.calls.Load() != 0 {
+			t.Fatal("handler ran or no Retry-After")
+		}
+		b.store.failReserve.Store(false)
+		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 {
+			t.Fatalf("after recovery: %d", w.Code)
+		}
+	})
+	t.Run("reserve timeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &idem.Config{StoreTimeout: 50 * time.Millisecond}, nil)
+		b.store.hangReserve.Store(true)
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 503, "store-unavailable")
+		if b.calls.Load() != 0 {
+			t.Fatal("handler ran")
+		}
+	})
+	t.Run("complete timeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &idem.Config{StoreTimeout: 50 * time.Millisecond}, nil)
+		b.store.hangComplete.Store(true)
+		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 {
+			t.Fatalf("status %d", w.Code)
+		}
+		b.store.hangComplete.Store(false)
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "key-in-use")
+		if b.calls.Load() != 1 {
+			t.Fatalf("calls %d", b.calls.Load())
+		}
+	})
+	t.Run("fail open", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, &idem.Config{FailOpen: true}, nil)
+		b.store.failReserve.Store(true)
+		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 || b.calls.Load() != 1 {
+			t.Fatalf("fail-open: %d", w.Code)
+		}
+		if !strings.Contains(b.logs.String(), "UNPROTECTED") {
+			t.Fatal("fail-open is not loud in the log")
+		}
+	})
+}
+
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	store := idemmem.New(nil)
+	var calls atomic.Int64
+	mw := idem.New(store, &idem.Config{Scope: func(r *http.Request) (string, error) {
+		tenant := r.Header.Get("X-Tenant")
+		if tenant == "" {
+			return "", errors.New("no tenant")
+		}
+		return tenant, nil
+	}})
+	mux := http.NewServeMux()
+	count := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1); io.WriteString(w, r.Pattern) })
+	mux.Handle("POST /v1/a/{id}", mw(count))
+	mux.Handle("POST /v1/b", mw(count))
+	send := func(path, tenant string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", path, nil)
+		r.Header.Set("Idempotency-Key", "same-key")
+		if tenant != "" {
+			r.Header.Set("X-Tenant", tenant)
+		}
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w
+	}
+	send("/v1/a/1", "t1")
+	send("/v1/a/1", "t2") // other scope: executes
+	send("/v1/b", "t1")   // other endpoint: executes
+	if w := send("/v1/a/2", "t1"); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the endpoint is the route pattern, not the raw path: /v1/a/2 should replay /v1/a/1")
+	}
+	if w := send("/v1/b", ""); w.Code != 401 {
+		t.Fatalf("no tenant: %d", w.Code)
+	}
+	if calls.Load() != 3 {
+		t.Fatalf("calls %d, want 3", calls.Load())
+	}
+}
+
+func TestScopeLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &idem.Config{NewKeysPerSecondPerScope: 2}, nil)
+	b.do(t, "POST", "k1", "{}")
+	b.do(t, "POST", "k2", "{}")
+	w := b.do(t, "POST", "k3", "{}")
+	requireProblem(t, w, 429, "too-many-keys")
+	if w.Header().Get("Retry-After") == "" {
+		t.Fatal("no Retry-After")
+	}
+	reservesBefore := b.store.reserves.Load()
+	requireProblem(t, b.do(t, "POST", "k4", "{}"), 429, "too-many-keys")
+	if b.store.reserves.Load() != reservesBefore {
+		t.Fatal("a refused key reached the store")
+	}
+	b.clock.Advance(time.Second)
+	if w := b.do(t, "POST", "k3", "{}"); w.Code != 201 {
+		t.Fatalf("after a second: %d", w.Code)
+	}
+}
+
+func TestClientDisconnectStillStores(t *testing.T) {
+	t.Parallel()
+	store := idemmem.New(nil)
+	var calls atomic.Int64
+	started, finished := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(idem.New(store, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-r.Context().Done() // the client hung up
+			defer close(finished)
+		}
+		w.WriteHeader(201)
+		io.WriteString(w, "charged")
+	})))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k")
+	go func() { <-started; cancel() }()
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("expected the client's request to be cancelled")
+	}
+	<-finished
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 201 {
+			if string(body) != "charged" || resp.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry: %q replayed=%q", body, resp.Header.Get("Idempotent-Replayed"))
+			}
+			break
+		}
+		if resp.StatusCode != 409 || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %s", resp.StatusCode, body)
+		}
+		time.Sleep(10 * time.Millisecond) // the completion is being written
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("calls %d", calls.Load())
+	}
+}
+
+func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	store := idemmem.New(nil)
+	var calls atomic.Int64
+	srv := httptest.NewServer(idem.New(store, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		w.WriteHeader(201)
+		io.WriteString(w, "once")
+	})))
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
+	var wg sync.WaitGroup
+	var created, replayed, inUse, other atomic.Int64
+	for range 200 {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", srv.URL+"/pay", strings.NewReader(`{"a":1}`))
+			req.Header.Set("Idempotency-Key", "one-key")
+			resp, err := client.Do(req)
+			if err != nil {
+				other.Add(1)
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			switch {
+			case resp.StatusCode == 201 && resp.Header.Get("Idempotent-Replayed") == "true" && string(body) == "once":
+				replayed.Add(1)
+			case resp.StatusCode == 201:
+				created.Add(1)
+			case resp.StatusCode == 409 && strings.Contains(string(body), "key-in-use"):
+				inUse.Add(1)
+			default:
+				other.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if calls.Load() != 1 || created.Load() != 1 || other.Load() != 0 || replayed.Load()+inUse.Load() != 199 {
+		t.Fatalf("calls %d created %d replayed %d in-use %d other %d", calls.Load(), created.Load(), replayed.Load(), inUse.Load(), other.Load())
+	}
+}
+
+func TestDerivedKey(t *testing.T) {
+	t.Parallel()
+	var got []string
+	b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, idem.DerivedKey(r.Context(), "charge"), idem.DerivedKey(r.Context(), "refund"))
+		k, _ := idem.KeyFromContext(r.Context())
+		got = append(got, k)
+		w.WriteHeader(500)
+	})
+	b.do(t, "POST", "key-one", "{}")
+	b.do(t, "POST", "key-one", "{}")
+	if len(got) != 6 || got[0] != got[3] || got[0] == got[1] || got[2] != "key-one" || strings.Contains(got[0], "key-one") {
+		t.Fatalf("derived keys %q", got)
+	}
+}
+
+// faultStore wraps a store to count calls and inject outages.
+type faultStore struct {
+	idemstore.Store
+	reserves                  atomic.Int64
+	failReserve, hangReserve  atomic.Bool
+	failComplete, hangComplete atomic.Bool
+}
+
+var errOutage = errors.New("connection refused")
+
+func (s *faultStore) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	s.reserves.Add(1)
+	if s.failReserve.Load() {
+		return nil, errOutage
+	}
+	if s.hangReserve.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.KeyReserve(ctx, p)
+}
+
+func (s *faultStore) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	if s.failComplete.Load() {
+		return errOutage
+	}
+	if s.hangComplete.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return s.Store.KeyComplete(ctx, p)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

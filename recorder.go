@@ -1,0 +1,130 @@
+package idem
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strconv"
+)
+
+// recorder buffers the handler's response so that it can be stored before the
+// client sees it: a client that receives an answer and retries at once is
+// replayed, never told the key is still in progress. A response larger than
+// the limit, or one the handler flushes or hijacks, switches to pass-through
+// and is marked not replayable.
+//
+// It keeps http.Flusher, http.Hijacker and Unwrap working, so
+// http.ResponseController reaches the underlying writer.
+type recorder struct {
+	w           http.ResponseWriter
+	max         int64
+	status      int
+	wroteHeader bool
+	buf         []byte
+	// streamed reports that the response went to the client before the
+	// handler returned (flush, hijack or over the limit).
+	streamed bool
+	hijacked bool
+	// sent reports that the status line went to the underlying writer.
+	sent bool
+}
+
+func (r *recorder) Header() http.Header { return r.w.Header() }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.wroteHeader {
+		return
+	}
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		// Informational responses (103 Early Hints) go through at once and
+		// are not part of the stored response.
+		r.w.WriteHeader(code)
+		return
+	}
+	r.status = code
+	r.wroteHeader = true
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.streamed {
+		return r.w.Write(p)
+	}
+	if int64(len(r.buf)+len(p)) > r.max {
+		if err := r.stream(); err != nil {
+			return 0, err
+		}
+		return r.w.Write(p)
+	}
+	r.buf = append(r.buf, p...)
+	return len(p), nil
+}
+
+// stream sends what is buffered and switches to pass-through.
+func (r *recorder) stream() error {
+	if r.streamed {
+		return nil
+	}
+	r.streamed = true
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	r.sent = true
+	r.w.WriteHeader(r.status)
+	if len(r.buf) > 0 {
+		_, err := r.w.Write(r.buf)
+		r.buf = nil
+		return err
+	}
+	return nil
+}
+
+// Flush implements http.Flusher: the response is streamed from here on.
+func (r *recorder) Flush() {
+	_ = r.FlushError()
+}
+
+// FlushError is the error-returning flush http.ResponseController prefers.
+func (r *recorder) FlushError() error {
+	if err := r.stream(); err != nil {
+		return err
+	}
+	return http.NewResponseController(r.w).Flush()
+}
+
+// Hijack implements http.Hijacker. A hijacked response is never replayable.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(r.w).Hijack()
+	if err == nil {
+		r.streamed, r.hijacked, r.sent = true, true, true
+		if !r.wroteHeader {
+			r.status, r.wroteHeader = http.StatusSwitchingProtocols, true
+		}
+	}
+	return conn, rw, err
+}
+
+// Unwrap returns the underlying writer for http.ResponseController.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// finish sends a buffered response to the client.
+func (r *recorder) finish() {
+	if r.sent || r.hijacked {
+		return
+	}
+	r.sent = true
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = http.StatusOK, true
+	}
+	if !r.streamed {
+		if r.status != http.StatusNoContent && r.status != http.StatusNotModified && r.w.Header().Get("Content-Length") == "" {
+			r.w.Header().Set("Content-Length", strconv.Itoa(len(r.buf)))
+		}
+		r.w.WriteHeader(r.status)
+		if len(r.buf) > 0 {
+			r.w.Write(r.buf)
+		}
+	}
+}
