@@ -779,8 +779,8 @@ func TestDerivedKey(t *testing.T) {
 // faultStore wraps a store to count calls and inject outages.
 type faultStore struct {
 	idemstore.Store
-	reserves                  atomic.Int64
-	failReserve, hangReserve  atomic.Bool
+	reserves                   atomic.Int64
+	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
 }
 
