@@ -1,9 +1,10 @@
--- The idempotency records, one row per (scope, endpoint, key).
+-- The idempotency records, one row per (scope, endpoint, key). Identities
+-- compare and sort by bytes (COLLATE "C"), whatever the database's locale.
 -- {{schema}} is replaced by the store's quoted schema name.
 CREATE TABLE {{schema}}.idem_keys (
-    scope               text        NOT NULL,
-    endpoint            text        NOT NULL,
-    key                 text        NOT NULL,
+    scope               text        COLLATE "C" NOT NULL,
+    endpoint            text        COLLATE "C" NOT NULL,
+    key                 text        COLLATE "C" NOT NULL,
     fingerprint         text        NOT NULL,
     state               text        NOT NULL,
     token               text        NOT NULL,

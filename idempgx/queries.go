@@ -1,0 +1,81 @@
+package idempgx
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// columns is the record's column list, in the order scanRecord reads it.
+const columns = `k.scope, k.endpoint, k.key, k.fingerprint, k.state, k.token,
+    k.locked_until, k.started_at, k.lease_expired_state, k.response_status,
+    k.response_header, k.response_body, k.not_replayable, k.recovery_point,
+    k.attempts, k.created_at, k.updated_at, k.expires_at`
+
+// queries are the store's statements with the schema filled in.
+type queries struct {
+	reserve, get, complete, release, markUnknown, delete, renew,
+	checkpoint, resolve, sweep, reap, list string
+}
+
+// expand fills the {{schema}} and {{columns}} placeholders.
+func expand(sql, schema string) string {
+	return strings.NewReplacer("{{schema}}", schema, "{{columns}}", columns).Replace(sql)
+}
+
+// parseQueries splits queries.sql at its "-- name: X" lines.
+func parseQueries(src string) map[string]string {
+	out := make(map[string]string)
+	var name string
+	var b strings.Builder
+	flush := func() {
+		if name != "" {
+			out[name] = strings.TrimSpace(b.String())
+		}
+		b.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	flush()
+	return out
+}
+
+// loadQueries returns the statements for the quoted schema name.
+func loadQueries(schema string) *queries {
+	m := parseQueries(queriesSQL)
+	q := func(name string) string {
+		sql, ok := m[name]
+		if !ok {
+			panic(fmt.Sprintf("idempgx: queries.sql has no statement %q", name))
+		}
+		return expand(sql, schema)
+	}
+	return &queries{
+		reserve:     q("reserve"),
+		get:         q("get"),
+		complete:    q("complete"),
+		release:     q("release"),
+		markUnknown: q("mark_unknown"),
+		delete:      q("delete"),
+		renew:       q("renew"),
+		checkpoint:  q("checkpoint"),
+		resolve:     q("resolve"),
+		sweep:       q("sweep"),
+		reap:        q("reap"),
+		list:        q("list"),
+	}
+}

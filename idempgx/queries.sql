@@ -1,0 +1,224 @@
+-- Statements of the PostgreSQL store. Each starts with a "-- name: X" line.
+-- {{schema}} is replaced by the store's quoted schema name and {{columns}} by
+-- the record's column list (as read by scanRecord). Time is always a
+-- parameter from the store's clock, never the server's now().
+
+-- name: reserve
+-- One statement, one round trip. ins inserts a new record; take re-claims a
+-- record past its retention, a released one with the same fingerprint, or
+-- an expired lease that turns released; lapse turns any other expired lease
+-- into its lease_expired_state. When none of them writes, the last branch
+-- reads the existing record without locking it, so a replay writes nothing.
+-- $1 scope, $2 endpoint, $3 key, $4 fingerprint, $5 token, $6 now,
+-- $7 locked_until, $8 expires_at, $9 lease_expired_state.
+WITH ins AS (
+    INSERT INTO {{schema}}.idem_keys AS k (
+        scope, endpoint, key, fingerprint, state, token, locked_until,
+        started_at, lease_expired_state, attempts, created_at, updated_at,
+        expires_at)
+    VALUES ($1::text, $2::text, $3::text, $4::text, 'in_progress', $5::text,
+        $7::timestamptz, $6::timestamptz, $9::text, 1, $6::timestamptz,
+        $6::timestamptz, $8::timestamptz)
+    ON CONFLICT ON CONSTRAINT idem_keys_pkey DO NOTHING
+    RETURNING {{columns}}
+), take AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        fingerprint = $4::text,
+        state = 'in_progress',
+        token = $5::text,
+        locked_until = $7::timestamptz,
+        started_at = $6::timestamptz,
+        lease_expired_state = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN $9::text ELSE k.lease_expired_state END,
+        response_status = NULL,
+        response_header = NULL,
+        response_body = NULL,
+        not_replayable = false,
+        recovery_point = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN '' ELSE k.recovery_point END,
+        attempts = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN 1 ELSE k.attempts + 1 END,
+        created_at = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN $6::timestamptz ELSE k.created_at END,
+        updated_at = $6::timestamptz,
+        expires_at = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN $8::timestamptz ELSE k.expires_at END
+    WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+      AND NOT EXISTS (SELECT 1 FROM ins)
+      AND (k.expires_at <= $6::timestamptz
+           OR (k.fingerprint = $4::text
+               AND (k.state = 'released'
+                    OR (k.state = 'in_progress'
+                        AND k.locked_until <= $6::timestamptz
+                        AND k.lease_expired_state = 'released'))))
+    RETURNING {{columns}}
+), lapse AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = k.lease_expired_state,
+        updated_at = $6::timestamptz
+    WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+      AND NOT EXISTS (SELECT 1 FROM ins)
+      AND k.state = 'in_progress'
+      AND k.locked_until <= $6::timestamptz
+      AND k.expires_at > $6::timestamptz
+      AND NOT (k.fingerprint = $4::text AND k.lease_expired_state = 'released')
+    RETURNING {{columns}}
+)
+SELECT true, * FROM ins
+UNION ALL
+SELECT true, * FROM take
+UNION ALL
+SELECT false, * FROM lapse
+UNION ALL
+SELECT false, {{columns}}
+FROM {{schema}}.idem_keys AS k
+WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+  AND NOT EXISTS (SELECT 1 FROM ins)
+  AND NOT EXISTS (SELECT 1 FROM take)
+  AND NOT EXISTS (SELECT 1 FROM lapse);
+
+-- name: get
+-- $1 scope, $2 endpoint, $3 key, $4 now.
+SELECT {{columns}}
+FROM {{schema}}.idem_keys AS k
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
+  AND k.expires_at > $4::timestamptz;
+
+-- name: complete
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 status, $7 header,
+-- $8 body, $9 not_replayable.
+UPDATE {{schema}}.idem_keys AS k SET
+    state = 'completed',
+    response_status = $6::integer,
+    response_header = $7::jsonb,
+    response_body = $8::bytea,
+    not_replayable = $9::boolean,
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state IN ('in_progress', 'unknown')
+  AND k.expires_at > $5::timestamptz;
+
+-- name: release
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
+UPDATE {{schema}}.idem_keys AS k SET
+    state = 'released',
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state IN ('in_progress', 'unknown')
+  AND k.expires_at > $5::timestamptz;
+
+-- name: mark_unknown
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
+UPDATE {{schema}}.idem_keys AS k SET
+    state = 'unknown',
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state = 'in_progress'
+  AND k.expires_at > $5::timestamptz;
+
+-- name: delete
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
+DELETE FROM {{schema}}.idem_keys AS k
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state = 'in_progress'
+  AND k.expires_at > $5::timestamptz;
+
+-- name: renew
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 locked_until.
+UPDATE {{schema}}.idem_keys AS k SET
+    locked_until = $6::timestamptz,
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state = 'in_progress'
+  AND k.expires_at > $5::timestamptz;
+
+-- name: checkpoint
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 recovery_point.
+UPDATE {{schema}}.idem_keys AS k SET
+    recovery_point = $6::text,
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state = 'in_progress'
+  AND k.expires_at > $5::timestamptz;
+
+-- name: resolve
+-- An unknown record, or an in-progress one whose expired lease turns
+-- unknown, settles to completed or released.
+-- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 state, $7 status,
+-- $8 header, $9 body, $10 not_replayable.
+UPDATE {{schema}}.idem_keys AS k SET
+    state = $6::text,
+    response_status = $7::integer,
+    response_header = $8::jsonb,
+    response_body = $9::bytea,
+    not_replayable = $10::boolean,
+    updated_at = $5::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND (k.state = 'unknown'
+       OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+           AND k.lease_expired_state = 'unknown'))
+  AND k.expires_at > $5::timestamptz;
+
+-- name: sweep
+-- Turns at most $2 expired leases into their lease_expired_state, skipping
+-- rows another transaction holds. $1 now, $2 limit.
+WITH batch AS (
+    SELECT scope, endpoint, key
+    FROM {{schema}}.idem_keys
+    WHERE state = 'in_progress' AND locked_until <= $1::timestamptz
+    ORDER BY locked_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.idem_keys AS k SET
+    state = k.lease_expired_state,
+    updated_at = $1::timestamptz
+FROM batch AS b
+WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key
+RETURNING {{columns}};
+
+-- name: reap
+-- Deletes at most $2 records past their retention, skipping rows another
+-- transaction holds. Finished records come from idem_keys_reap_idx; the
+-- rare in-progress record past its retention (a lease renewed beyond it)
+-- from idem_keys_sweep_idx, within what is left of the batch.
+-- $1 now, $2 limit.
+WITH done AS (
+    SELECT scope, endpoint, key
+    FROM {{schema}}.idem_keys
+    WHERE state <> 'in_progress' AND expires_at <= $1::timestamptz
+    ORDER BY expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), live AS (
+    SELECT scope, endpoint, key
+    FROM {{schema}}.idem_keys
+    WHERE state = 'in_progress' AND expires_at <= $1::timestamptz
+    LIMIT greatest($2 - (SELECT count(*) FROM done), 0)
+    FOR UPDATE SKIP LOCKED
+), batch AS (
+    SELECT * FROM done
+    UNION ALL
+    SELECT * FROM live
+)
+DELETE FROM {{schema}}.idem_keys AS k
+USING batch AS b
+WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key;
+
+-- name: list
+-- Keyset pagination by the primary key. The state filter applies to the
+-- state a record is in now (an expired lease counts as its
+-- lease_expired_state). $1 now, $2 state, $3 scope, $4 endpoint,
+-- $5 created_before (NULL: any), $6 has cursor, $7-$9 cursor, $10 limit.
+SELECT {{columns}}
+FROM {{schema}}.idem_keys AS k
+WHERE k.expires_at > $1::timestamptz
+  AND ($2::text = ''
+       OR (CASE WHEN k.state = 'in_progress' AND k.locked_until <= $1::timestamptz
+                THEN k.lease_expired_state ELSE k.state END) = $2::text)
+  AND ($3::text = '' OR k.scope = $3::text)
+  AND ($4::text = '' OR k.endpoint = $4::text)
+  AND ($5::timestamptz IS NULL OR k.created_at < $5::timestamptz)
+  AND (NOT $6::boolean OR (k.scope, k.endpoint, k.key) > ($7::text, $8::text, $9::text))
+ORDER BY k.scope, k.endpoint, k.key
+LIMIT $10;

@@ -1,0 +1,476 @@
+// Package idempgx is the PostgreSQL store of idem, on pgx v5: the production
+// reference for services that run on many nodes.
+//
+// Records live in one table, idem_keys, created by the embedded migrations
+// (Store.Migrate). Every operation is a single statement: KeyReserve inserts
+// a record or re-claims a released or expired one in one round trip, and a
+// replay of a completed key reads the record without writing or locking it.
+// Writes that finish an attempt are conditional on the fencing token.
+// CompleteTx and CheckpointTx run the same fenced writes inside the caller's
+// transaction, so a key's completion commits or rolls back with the business
+// writes (transactional mode and phased operations).
+//
+// Time comes from the store's clock (Config.Now) and is passed to every
+// statement; the server's now() is never used.
+package idempgx
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Config configures a Store. A nil *Config means all defaults.
+type Config struct {
+	// Schema is the PostgreSQL schema that holds the store's tables; Migrate
+	// creates it when it is missing. Defaults to "public".
+	Schema string
+	// Now is the store's clock. Defaults to time.Now.
+	Now func() time.Time
+	// WaitPoll bounds how long KeyWait blocks without a notification before
+	// it returns (a spurious wake-up, after which the caller reads the
+	// record again). Defaults to 1 second.
+	WaitPoll time.Duration
+}
+
+// Default values of Config fields.
+const (
+	DefaultSchema   = "public"
+	DefaultWaitPoll = time.Second
+)
+
+// withDefaults returns a copy of cfg (which may be nil) with every zero field
+// set to its default. It is the only place defaults are applied.
+func (cfg *Config) withDefaults() Config {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.WaitPoll <= 0 {
+		c.WaitPoll = DefaultWaitPoll
+	}
+	return c
+}
+
+// Default batch and page sizes of KeySweep, KeyReap and KeyList.
+const (
+	defaultBatch     = 1000
+	defaultListLimit = 100
+)
+
+// maxReserveTries bounds the statement re-runs of KeyReserve. A re-run is
+// needed only when the statement's snapshot missed a concurrent commit (see
+// KeyReserve), which a second run sees.
+const maxReserveTries = 10
+
+// Store is the PostgreSQL idem store. It is safe for concurrent use.
+type Store struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	schema string // quoted identifier
+	q      *queries
+	notify *notifier
+}
+
+var (
+	_ idemstore.Store  = (*Store)(nil)
+	_ idemstore.Waiter = (*Store)(nil)
+)
+
+// New returns a store on pool. cfg may be nil. The schema must have been
+// migrated (Migrate) before the store is used.
+func New(pool *pgxpool.Pool, cfg *Config) *Store {
+	c := cfg.withDefaults()
+	schema := pgx.Identifier{c.Schema}.Sanitize()
+	s := &Store{pool: pool, cfg: c, schema: schema, q: loadQueries(schema)}
+	s.notify = newNotifier(s)
+	return s
+}
+
+// querier is what a pool and a transaction have in common.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// now reads the store's clock at PostgreSQL's precision, so times computed
+// here compare exactly with the stored ones.
+func (s *Store) now() time.Time {
+	return s.cfg.Now().Truncate(time.Microsecond)
+}
+
+// KeyReserve inserts a new in_progress record or re-claims a released or
+// expired one in one statement, and otherwise returns the existing record
+// without writing to it (see queries.sql, "reserve").
+//
+// Under READ COMMITTED the statement reads with one snapshot: a record that
+// a concurrent transaction inserted or re-claimed and committed after the
+// snapshot was taken blocks this statement's writes but is invisible to its
+// read. The statement then returns no row, or the record as it was before
+// the concurrent change; it is run again, and the next snapshot sees it.
+func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	les := p.LeaseExpiredState
+	if les == "" {
+		les = idemstore.StateUnknown
+	}
+	if les != idemstore.StateUnknown && les != idemstore.StateReleased {
+		return nil, fmt.Errorf("reserving key: lease expired state %q is not unknown or released", les)
+	}
+	now := s.now()
+	for range maxReserveTries {
+		var reserved bool
+		var rs recordScan
+		err := s.pool.QueryRow(ctx, s.q.reserve,
+			p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
+			now.Add(p.Lease), now.Add(p.TTL), string(les),
+		).Scan(append([]any{&reserved}, rs.dest()...)...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // inserted by a transaction our snapshot missed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reserving key: %w", interpretError(err))
+		}
+		rec, err := rs.record()
+		if err != nil {
+			return nil, fmt.Errorf("reserving key: %w", err)
+		}
+		if !reserved && claimable(rec, p.Fingerprint, now) {
+			continue // changed by a transaction our snapshot missed
+		}
+		return &idemstore.ReserveResult{Reserved: reserved, Record: rec}, nil
+	}
+	return nil, fmt.Errorf("reserving key: record still changing after %d tries", maxReserveTries)
+}
+
+// claimable reports whether the reserve statement would have written rec:
+// found unwritten, rec is an old snapshot of a row another transaction
+// changed.
+func claimable(rec *idemstore.Record, fingerprint string, now time.Time) bool {
+	if !now.Before(rec.ExpiresAt) || rec.LeaseExpired(now) {
+		return true
+	}
+	return rec.State == idemstore.StateReleased && rec.Fingerprint == fingerprint
+}
+
+// KeyGet returns the record, or idemstore.ErrNotFound. An in_progress record
+// whose lease expired is reported in the state it turns into.
+func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	now := s.now()
+	rec, err := s.get(ctx, s.pool, id, now)
+	if err != nil {
+		return nil, fmt.Errorf("getting key: %w", err)
+	}
+	return rec, nil
+}
+
+// get reads a live record through q and reports it as it stands at now.
+func (s *Store) get(ctx context.Context, q querier, id idemstore.Identity, now time.Time) (*idemstore.Record, error) {
+	var rs recordScan
+	err := q.QueryRow(ctx, s.q.get, id.Scope, id.Endpoint, id.Key, now).Scan(rs.dest()...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	rec, err := rs.record()
+	if err != nil {
+		return nil, err
+	}
+	settle(rec, now)
+	return rec, nil
+}
+
+// settle reports an in_progress record whose lease expired in the state it
+// turns into.
+func settle(rec *idemstore.Record, now time.Time) {
+	if rec.LeaseExpired(now) {
+		rec.State = rec.LeaseExpiredState
+	}
+}
+
+// KeyComplete stores the response and moves an in_progress or unknown
+// record to completed when the token matches.
+func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	if err := s.complete(ctx, s.pool, p); err != nil {
+		return fmt.Errorf("completing key: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompleteParams) error {
+	resp, err := encodeResponse(p.Response, p.NotReplayable)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	return s.fenced(ctx, q, s.q.complete,
+		p.Scope, p.Endpoint, p.Key, p.Token, now,
+		resp.status, resp.header, resp.body, resp.notReplayable)
+}
+
+// KeyRelease moves an in_progress or unknown record to released when the
+// token matches, keeping its recovery point.
+func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+	now := s.now()
+	err := s.fenced(ctx, s.pool, s.q.release,
+		p.Scope, p.Endpoint, p.Key, p.Token, now)
+	if err != nil {
+		return fmt.Errorf("releasing key: %w", err)
+	}
+	return nil
+}
+
+// KeyMarkUnknown moves an in_progress record to unknown when the token
+// matches.
+func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+	now := s.now()
+	err := s.fenced(ctx, s.pool, s.q.markUnknown,
+		p.Scope, p.Endpoint, p.Key, p.Token, now)
+	if err != nil {
+		return fmt.Errorf("marking key unknown: %w", err)
+	}
+	return nil
+}
+
+// KeyDelete removes an in_progress record when the token matches.
+func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+	now := s.now()
+	err := s.fenced(ctx, s.pool, s.q.delete,
+		p.Scope, p.Endpoint, p.Key, p.Token, now)
+	if err != nil {
+		return fmt.Errorf("deleting key: %w", err)
+	}
+	return nil
+}
+
+// KeyRenew extends the lease of an in_progress record to now + p.Lease when
+// the token matches.
+func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	now := s.now()
+	err := s.fenced(ctx, s.pool, s.q.renew,
+		p.Scope, p.Endpoint, p.Key, p.Token, now, now.Add(p.Lease))
+	if err != nil {
+		return fmt.Errorf("renewing key: %w", err)
+	}
+	return nil
+}
+
+// fenced runs a write conditional on the token. When it changes no row the
+// record is missing, belongs to another attempt or is in a state the write
+// may not change: all three are idemstore.ErrLeaseLost for the attempt.
+func (s *Store) fenced(ctx context.Context, q querier, sql string, args ...any) error {
+	tag, err := q.Exec(ctx, sql, args...)
+	if err != nil {
+		return interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
+
+// KeyResolve settles an unknown record to completed or released.
+func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	if err := s.resolve(ctx, p); err != nil {
+		return fmt.Errorf("resolving key: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) resolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	var resp encodedResponse
+	switch p.To {
+	case idemstore.StateCompleted:
+		var err error
+		if resp, err = encodeResponse(p.Response, p.Response == nil); err != nil {
+			return err
+		}
+	case idemstore.StateReleased:
+	default:
+		return fmt.Errorf("%w: cannot resolve to %q", idemstore.ErrInvalidState, p.To)
+	}
+	now := s.now()
+	tag, err := s.pool.Exec(ctx, s.q.resolve,
+		p.Scope, p.Endpoint, p.Key, p.Token, now, string(p.To),
+		resp.status, resp.header, resp.body, resp.notReplayable)
+	if err != nil {
+		return interpretError(err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	rec, err := s.get(ctx, s.pool, p.Identity, now)
+	switch {
+	case err != nil:
+		return err
+	case rec.Token != p.Token:
+		return idemstore.ErrLeaseLost
+	default:
+		return fmt.Errorf("%w: record is %s", idemstore.ErrInvalidState, rec.State)
+	}
+}
+
+// KeySweep turns at most p.Limit in_progress records whose lease expired
+// into their LeaseExpiredState and returns them.
+func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultBatch
+	}
+	recs, err := s.queryRecords(ctx, s.q.sweep, s.now(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("sweeping keys: %w", err)
+	}
+	return recs, nil
+}
+
+// KeyReap deletes at most p.Limit records past their ExpiresAt.
+func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultBatch
+	}
+	tag, err := s.pool.Exec(ctx, s.q.reap, s.now(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("reaping keys: %w", interpretError(err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// KeyList returns live records ordered by (Scope, Endpoint, Key), a page of
+// at most p.Limit after the cursor p.After.
+func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	var createdBefore *time.Time
+	if !p.CreatedBefore.IsZero() {
+		createdBefore = &p.CreatedBefore
+	}
+	var after idemstore.Identity
+	if p.After != nil {
+		after = *p.After
+	}
+	now := s.now()
+	recs, err := s.queryRecords(ctx, s.q.list, now, string(p.State), p.Scope, p.Endpoint,
+		createdBefore, p.After != nil, after.Scope, after.Endpoint, after.Key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing keys: %w", err)
+	}
+	for _, rec := range recs {
+		settle(rec, now)
+	}
+	return recs, nil
+}
+
+// queryRecords runs a statement that returns records.
+func (s *Store) queryRecords(ctx context.Context, sql string, args ...any) ([]*idemstore.Record, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	var recs []*idemstore.Record
+	for rows.Next() {
+		var rs recordScan
+		if err := rows.Scan(rs.dest()...); err != nil {
+			return nil, interpretError(err)
+		}
+		rec, err := rs.record()
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError(err)
+	}
+	return recs, nil
+}
+
+// interpretError maps pgx's native errors to the idemstore sentinels. Every
+// other error means the store is unavailable and is returned unchanged.
+func interpretError(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemstore.ErrNotFound
+	}
+	return err
+}
+
+// recordScan receives one row of {{columns}}.
+type recordScan struct {
+	rec    idemstore.Record
+	state  string
+	les    string
+	status *int32
+	header []byte
+	body   []byte
+}
+
+func (rs *recordScan) dest() []any {
+	r := &rs.rec
+	return []any{&r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &rs.state, &r.Token,
+		&r.LockedUntil, &r.StartedAt, &rs.les, &rs.status,
+		&rs.header, &rs.body, &r.NotReplayable, &r.RecoveryPoint,
+		&r.Attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+}
+
+func (rs *recordScan) record() (*idemstore.Record, error) {
+	rec := rs.rec
+	rec.State = idemstore.State(rs.state)
+	rec.LeaseExpiredState = idemstore.State(rs.les)
+	if rs.status != nil {
+		resp := &idemstore.Response{Status: int(*rs.status), Body: rs.body}
+		if rs.header != nil {
+			if err := json.Unmarshal(rs.header, &resp.Header); err != nil {
+				return nil, fmt.Errorf("decoding stored header: %w", err)
+			}
+		}
+		rec.Response = resp
+	}
+	return &rec, nil
+}
+
+// encodedResponse is a response as the statements take it.
+type encodedResponse struct {
+	status        *int32
+	header        *string
+	body          []byte
+	notReplayable bool
+}
+
+// encodeResponse prepares resp for storage. A not replayable record, or one
+// without a response, stores none.
+func encodeResponse(resp *idemstore.Response, notReplayable bool) (encodedResponse, error) {
+	if notReplayable || resp == nil {
+		return encodedResponse{notReplayable: true}, nil
+	}
+	if resp.Status < 100 || resp.Status > 999 {
+		return encodedResponse{}, fmt.Errorf("invalid response status %d", resp.Status)
+	}
+	status := int32(resp.Status)
+	out := encodedResponse{status: &status, body: resp.Body}
+	if resp.Header != nil {
+		b, err := json.Marshal(map[string][]string(resp.Header))
+		if err != nil {
+			return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
+		}
+		h := string(b)
+		out.header = &h
+	}
+	return out, nil
+}

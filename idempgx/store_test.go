@@ -1,0 +1,460 @@
+package idempgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+const (
+	fp1   = "f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1"
+	fp2   = "f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2"
+	lease = 30 * time.Second
+	ttl   = 24 * time.Hour
+)
+
+var testID = idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "key-1"}
+
+type bundle struct {
+	store *Store
+	clock *testClock
+	ctx   context.Context
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	clock := newTestClock()
+	return &bundle{store: newTestStore(t, clock.Now), clock: clock, ctx: t.Context()}
+}
+
+func reserveParams(token string, les idemstore.State) *idemstore.ReserveParams {
+	return &idemstore.ReserveParams{
+		Identity: testID, Fingerprint: fp1, Token: token,
+		Lease: lease, TTL: ttl, LeaseExpiredState: les,
+	}
+}
+
+func (b *bundle) reserve(t *testing.T, p *idemstore.ReserveParams) *idemstore.ReserveResult {
+	t.Helper()
+	res, err := b.store.KeyReserve(b.ctx, p)
+	if err != nil {
+		t.Fatalf("KeyReserve: %v", err)
+	}
+	return res
+}
+
+func sampleResponse() *idemstore.Response {
+	return &idemstore.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Link": {"</a>", "</b>"}},
+		Body:   []byte(`{"id":"pay_1"}`),
+	}
+}
+
+// rowVersion returns the record's xmin and xmax: a write or a row lock
+// changes one of them.
+func (b *bundle) rowVersion(t *testing.T, id idemstore.Identity) string {
+	t.Helper()
+	var xmin, xmax string
+	err := b.store.pool.QueryRow(b.ctx,
+		"SELECT xmin::text, xmax::text FROM "+b.store.schema+".idem_keys WHERE scope = $1 AND endpoint = $2 AND key = $3",
+		id.Scope, id.Endpoint, id.Key).Scan(&xmin, &xmax)
+	if err != nil {
+		t.Fatalf("reading row version: %v", err)
+	}
+	return xmin + "/" + xmax
+}
+
+// reserveAssignsXID runs the reserve statement in a transaction and reports
+// whether it got a transaction id, that is whether it wrote anything (a
+// tuple or a row lock). A transaction without one commits without a WAL
+// flush.
+func (b *bundle) reserveAssignsXID(t *testing.T, p *idemstore.ReserveParams) (reserved bool, assigned bool) {
+	t.Helper()
+	tx, err := b.store.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	now := b.store.now()
+	var rs recordScan
+	err = tx.QueryRow(b.ctx, b.store.q.reserve, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+		now, now.Add(p.Lease), now.Add(p.TTL), string(p.LeaseExpiredState)).
+		Scan(append([]any{&reserved}, rs.dest()...)...)
+	if err != nil {
+		t.Fatalf("reserve statement: %v", err)
+	}
+	var xid *string
+	if err := tx.QueryRow(b.ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	return reserved, xid != nil
+}
+
+// TestReplayWritesNothing checks SPEC section 7: the replay of a completed
+// key is one statement that neither writes nor locks the row.
+func TestReplayWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
+	if !res.Reserved {
+		t.Fatal("first reserve did not reserve")
+	}
+	err := b.store.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: testID, Token: "t1", Response: sampleResponse()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := b.rowVersion(t, testID)
+	for i := range 5 {
+		res := b.reserve(t, reserveParams(fmt.Sprintf("replay-%d", i), idemstore.StateUnknown))
+		if res.Reserved || res.Record.State != idemstore.StateCompleted || res.Record.Response == nil {
+			t.Fatalf("replay %d: reserved %v state %s, want the completed record", i, res.Reserved, res.Record.State)
+		}
+		if res.Record.Response.Status != http.StatusCreated || string(res.Record.Response.Body) != `{"id":"pay_1"}` {
+			t.Fatalf("replay %d: response %+v", i, res.Record.Response)
+		}
+	}
+	if after := b.rowVersion(t, testID); after != before {
+		t.Fatalf("replays changed the row version from %s to %s: they wrote or locked it", before, after)
+	}
+	if _, assigned := b.reserveAssignsXID(t, reserveParams("replay-tx", idemstore.StateUnknown)); assigned {
+		t.Fatal("a replay got a transaction id: it wrote something")
+	}
+	// The same probe sees a write when there is one: a live in_progress
+	// record is read without writing, a released one is taken over.
+	other := idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "key-2"}
+	p := reserveParams("t2", idemstore.StateUnknown)
+	p.Identity = other
+	b.reserve(t, p)
+	p.Token = "t3"
+	if reserved, assigned := b.reserveAssignsXID(t, p); reserved || assigned {
+		t.Fatalf("duplicate of a live lease: reserved %v, xid assigned %v; want neither", reserved, assigned)
+	}
+	if err := b.store.KeyRelease(b.ctx, &idemstore.FinishParams{Identity: other, Token: "t2"}); err != nil {
+		t.Fatal(err)
+	}
+	if reserved, assigned := b.reserveAssignsXID(t, p); !reserved || !assigned {
+		t.Fatalf("takeover of a released record: reserved %v, xid assigned %v; want both", reserved, assigned)
+	}
+}
+
+// raceReserve has n goroutines reserve testID with fingerprint fp1 at once.
+func (b *bundle) raceReserve(t *testing.T, n int, les idemstore.State) []*idemstore.ReserveResult {
+	t.Helper()
+	results := make([]*idemstore.ReserveResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = b.store.KeyReserve(b.ctx, reserveParams(fmt.Sprintf("race-%d", i), les))
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("KeyReserve #%d: %v", i, err)
+		}
+	}
+	return results
+}
+
+func requireOneWinner(t *testing.T, results []*idemstore.ReserveResult) *idemstore.Record {
+	t.Helper()
+	var winner *idemstore.Record
+	for i, res := range results {
+		if !res.Reserved {
+			continue
+		}
+		if winner != nil {
+			t.Fatalf("#%d also reserved (winner token %s, this one %s)", i, winner.Token, res.Record.Token)
+		}
+		winner = res.Record
+	}
+	if winner == nil {
+		t.Fatal("nobody reserved")
+	}
+	for i, res := range results {
+		if !res.Reserved && (res.Record.State != idemstore.StateInProgress || res.Record.Token != winner.Token) {
+			t.Fatalf("loser #%d saw %s token %s, want in_progress token %s", i, res.Record.State, res.Record.Token, winner.Token)
+		}
+	}
+	return winner
+}
+
+// TestReserveRace has 200 goroutines on one pool race for a new key, a
+// released key and an expired lease: each time exactly one wins and every
+// other sees the winner's record.
+func TestReserveRace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 200
+	w := requireOneWinner(t, b.raceReserve(t, n, idemstore.StateReleased))
+	if w.Attempts != 1 {
+		t.Fatalf("new key: attempts %d, want 1", w.Attempts)
+	}
+
+	if err := b.store.KeyRelease(b.ctx, &idemstore.FinishParams{Identity: testID, Token: w.Token}); err != nil {
+		t.Fatal(err)
+	}
+	w = requireOneWinner(t, b.raceReserve(t, n, idemstore.StateReleased))
+	if w.Attempts != 2 {
+		t.Fatalf("released key: attempts %d, want 2", w.Attempts)
+	}
+
+	b.clock.Advance(lease)
+	w = requireOneWinner(t, b.raceReserve(t, n, idemstore.StateReleased))
+	if w.Attempts != 3 {
+		t.Fatalf("expired lease: attempts %d, want 3", w.Attempts)
+	}
+}
+
+// TestReserveLapseRace has 200 goroutines find an expired lease that turns
+// unknown: none reserves and all see it unknown.
+func TestReserveLapseRace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
+	b.clock.Advance(lease)
+	for i, res := range b.raceReserve(t, 200, idemstore.StateUnknown) {
+		if res.Reserved || res.Record.State != idemstore.StateUnknown || res.Record.Token != "t1" {
+			t.Fatalf("#%d: reserved %v state %s token %s, want unknown t1", i, res.Reserved, res.Record.State, res.Record.Token)
+		}
+	}
+}
+
+func TestCompleteTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.reserve(t, reserveParams("t1", idemstore.StateReleased))
+	complete := &idemstore.CompleteParams{Identity: testID, Token: "t1", Response: sampleResponse()}
+
+	// Rolled back: the record stays in progress.
+	tx, err := b.store.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.CompleteTx(b.ctx, tx, complete); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := b.get(t); rec.State != idemstore.StateInProgress || rec.Response != nil {
+		t.Fatalf("after rollback: state %s, response %v; want in_progress without one", rec.State, rec.Response)
+	}
+
+	// Another token: ErrLeaseLost, and the transaction stays usable.
+	err = pgx.BeginFunc(b.ctx, b.store.pool, func(tx pgx.Tx) error {
+		err := b.store.CompleteTx(b.ctx, tx, &idemstore.CompleteParams{Identity: testID, Token: "other", Response: sampleResponse()})
+		if !errors.Is(err, idemstore.ErrLeaseLost) {
+			t.Errorf("CompleteTx with another token: %v, want ErrLeaseLost", err)
+		}
+		_, err = tx.Exec(b.ctx, "SELECT 1")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Committed: completed with the response.
+	err = pgx.BeginFunc(b.ctx, b.store.pool, func(tx pgx.Tx) error {
+		return b.store.CompleteTx(b.ctx, tx, complete)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := b.get(t)
+	if rec.State != idemstore.StateCompleted || rec.Response == nil || rec.Response.Status != http.StatusCreated {
+		t.Fatalf("after commit: state %s, response %+v", rec.State, rec.Response)
+	}
+}
+
+// TestCompleteTxBlocksTakeover: while a transaction that completes the key
+// is open, a retry that finds the lease expired (turning released) waits for
+// it, and after the commit replays the completion instead of taking over.
+func TestCompleteTxBlocksTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.reserve(t, reserveParams("t1", idemstore.StateReleased))
+	tx, err := b.store.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if err := b.store.CompleteTx(b.ctx, tx, &idemstore.CompleteParams{Identity: testID, Token: "t1", Response: sampleResponse()}); err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	if err := tx.QueryRow(b.ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(lease) // the lease expired while the transaction runs
+
+	type result struct {
+		res *idemstore.ReserveResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := b.store.KeyReserve(b.ctx, reserveParams("t2", idemstore.StateReleased))
+		done <- result{res, err}
+	}()
+	b.waitBlockedBy(t, pid)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Reserved || r.res.Record.State != idemstore.StateCompleted || r.res.Record.Token != "t1" {
+		t.Fatalf("retry after the commit: reserved %v state %s token %s, want the completion of t1",
+			r.res.Reserved, r.res.Record.State, r.res.Record.Token)
+	}
+}
+
+// waitBlockedBy waits until some backend waits for a lock held by pid.
+func (b *bundle) waitBlockedBy(t *testing.T, pid uint32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var blocked bool
+		err := b.store.pool.QueryRow(b.ctx,
+			"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))",
+			int32(pid)).Scan(&blocked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blocked {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no backend blocked on the open transaction within 10s")
+}
+
+func (b *bundle) get(t *testing.T) *idemstore.Record {
+	t.Helper()
+	rec, err := b.store.KeyGet(b.ctx, testID)
+	if err != nil {
+		t.Fatalf("KeyGet: %v", err)
+	}
+	return rec
+}
+
+func TestCheckpointTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orig := b.reserve(t, reserveParams("t1", idemstore.StateReleased)).Record
+	b.clock.Advance(time.Second)
+
+	tx, err := b.store.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.CheckpointTx(b.ctx, tx, testID, "t1", "charged"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := b.get(t); rec.RecoveryPoint != "" {
+		t.Fatalf("after rollback: recovery point %q, want none", rec.RecoveryPoint)
+	}
+
+	err = pgx.BeginFunc(b.ctx, b.store.pool, func(tx pgx.Tx) error {
+		return b.store.CheckpointTx(b.ctx, tx, testID, "t1", "charged")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := b.get(t)
+	if rec.RecoveryPoint != "charged" || rec.State != idemstore.StateInProgress ||
+		!rec.LockedUntil.Equal(orig.LockedUntil) || !rec.UpdatedAt.Equal(b.clock.Now()) {
+		t.Fatalf("after commit: %+v; want recovery point charged, the lease unchanged", rec)
+	}
+
+	err = pgx.BeginFunc(b.ctx, b.store.pool, func(tx pgx.Tx) error {
+		return b.store.CheckpointTx(b.ctx, tx, testID, "other", "shipped")
+	})
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
+		t.Fatalf("CheckpointTx with another token: %v, want ErrLeaseLost", err)
+	}
+
+	// A takeover after the lease expired resumes at the recovery point.
+	b.clock.Advance(lease)
+	res := b.reserve(t, reserveParams("t2", idemstore.StateReleased))
+	if !res.Reserved || res.Record.RecoveryPoint != "charged" {
+		t.Fatalf("takeover: reserved %v, recovery point %q; want the lease at charged", res.Reserved, res.Record.RecoveryPoint)
+	}
+	err = pgx.BeginFunc(b.ctx, b.store.pool, func(tx pgx.Tx) error {
+		return b.store.CheckpointTx(b.ctx, tx, testID, "t1", "shipped")
+	})
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
+		t.Fatalf("CheckpointTx by the attempt taken over: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestBatchesSkipLockedRows: KeySweep and KeyReap pass over a row another
+// transaction holds instead of waiting for it.
+func TestBatchesSkipLockedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 3 {
+		p := reserveParams(fmt.Sprintf("t%d", i), idemstore.StateUnknown)
+		p.Key = fmt.Sprintf("key-%d", i)
+		b.reserve(t, p)
+	}
+	tx, err := b.store.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if _, err := tx.Exec(b.ctx, "SELECT 1 FROM "+b.store.schema+".idem_keys WHERE key = 'key-0' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+
+	b.clock.Advance(lease)
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	swept, err := b.store.KeySweep(ctx, &idemstore.SweepParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(swept) != 2 {
+		t.Fatalf("swept %d records, want the 2 unlocked ones", len(swept))
+	}
+	for _, r := range swept {
+		if r.Key == "key-0" || r.State != idemstore.StateUnknown {
+			t.Fatalf("swept %s to %s", r.Key, r.State)
+		}
+	}
+
+	b.clock.Advance(ttl)
+	n, err := b.store.KeyReap(ctx, &idemstore.ReapParams{Limit: 1})
+	if err != nil || n != 1 {
+		t.Fatalf("KeyReap(limit 1) = %d, %v; want 1", n, err)
+	}
+	n, err = b.store.KeyReap(ctx, &idemstore.ReapParams{})
+	if err != nil || n != 1 {
+		t.Fatalf("KeyReap = %d, %v; want the 1 unlocked record left", n, err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The in-progress record past its retention goes too.
+	if n, err := b.store.KeyReap(ctx, &idemstore.ReapParams{}); err != nil || n != 1 {
+		t.Fatalf("KeyReap after the lock = %d, %v; want 1", n, err)
+	}
+}
