@@ -87,25 +87,3 @@ func newUnmigratedStore(t testing.TB, now func() time.Time) *Store {
 	})
 	return New(p, &Config{Schema: schema, Now: now})
 }
-
-// testClock is a clock the tests move by hand.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newTestClock() *testClock {
-	return &testClock{now: time.Now().UTC().Truncate(time.Second)}
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
 )
 
 const (
@@ -25,13 +26,13 @@ var testID = idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments"
 
 type bundle struct {
 	store *Store
-	clock *testClock
+	clock *idemtest.Clock
 	ctx   context.Context
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	clock := newTestClock()
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	return &bundle{store: newTestStore(t, clock.Now), clock: clock, ctx: t.Context()}
 }
 
