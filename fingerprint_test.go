@@ -614,3 +614,19 @@ func FuzzCanonicalize(f *testing.F) {
 		}
 	})
 }
+
+func ExampleCanonicalize() {
+	out, err := Canonicalize([]byte(`{"b": [4.50, 1E30, -0], "a": "\u20ac"}`))
+	fmt.Println(string(out), err)
+	// Output: {"a":"€","b":[4.5,1e+30,0]} <nil>
+}
+
+func ExampleFingerprint() {
+	fc := FingerprintConfig{Exclude: []string{"client_ts"}}
+	a := Fingerprint("POST", "POST /v1/payments", "b=2&a=1", "application/json",
+		[]byte(`{"amount": 1000, "currency": "eur", "client_ts": 1}`), fc)
+	b := Fingerprint("POST", "POST /v1/payments", "a=1&b=2", "application/json; charset=utf-8",
+		[]byte(`{"currency":"eur","amount":1e3,"client_ts":2}`), fc)
+	fmt.Println(a == b)
+	// Output: true
+}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -217,4 +218,17 @@ func BenchmarkParseKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+func ExampleParseKey() {
+	for _, v := range []string{`"8e03978e-40d5"`, `8e03978e-40d5`, `"a\"b"`, `"a";p=1`, `a,b`} {
+		key, err := ParseKey([]string{v})
+		fmt.Printf("%-16s %q %v\n", v, key, err)
+	}
+	// Output:
+	// "8e03978e-40d5"  "8e03978e-40d5" <nil>
+	// 8e03978e-40d5    "8e03978e-40d5" <nil>
+	// "a\"b"           "a\"b" <nil>
+	// "a";p=1          "" invalid Idempotency-Key: parameters are not allowed
+	// a,b              "" invalid Idempotency-Key: a list is not allowed
 }
