@@ -1,0 +1,145 @@
+package idempgx
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newUnmigratedStore(t, nil)
+
+	status, err := s.MigrationStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(status) != len(migrations) || status[0].Applied || status[0].Version != 1 || status[0].Name != "create_keys" {
+		t.Fatalf("status before migrating: %+v", status)
+	}
+
+	// Several processes starting at once: each migration is applied once.
+	const n = 8
+	applied := make([][]Migration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { applied[i], errs[i] = s.Migrate(ctx) })
+	}
+	wg.Wait()
+	total := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("Migrate #%d: %v", i, errs[i])
+		}
+		total += len(applied[i])
+	}
+	if total != len(migrations) {
+		t.Fatalf("%d concurrent Migrate calls applied %d migrations, want %d", n, total, len(migrations))
+	}
+
+	status, err = s.MigrationStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range status {
+		if !m.Applied || m.AppliedAt.IsZero() {
+			t.Fatalf("after Migrate: %+v not applied", m)
+		}
+	}
+	if _, err := s.KeyGet(ctx, testID); !errors.Is(err, idemstore.ErrNotFound) {
+		t.Fatalf("KeyGet on the migrated schema: %v, want not found", err)
+	}
+
+	for i := len(migrations); i > 0; i-- {
+		m, err := s.MigrateDown(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m == nil || m.Version != i {
+			t.Fatalf("MigrateDown reverted %+v, want version %d", m, i)
+		}
+	}
+	if m, err := s.MigrateDown(ctx); err != nil || m != nil {
+		t.Fatalf("MigrateDown with nothing applied = %+v, %v; want nil, nil", m, err)
+	}
+	var table *string
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1)::text", s.schema+".idem_keys").Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	if table != nil {
+		t.Fatalf("idem_keys still exists after migrating down")
+	}
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate after down: %v", err)
+	}
+}
+
+func TestLoadMigrations(t *testing.T) {
+	t.Parallel()
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	tests := []struct {
+		name    string
+		files   fstest.MapFS
+		wantErr string
+	}{
+		{"ok", fstest.MapFS{
+			"m/001_a.up.sql": file("1"), "m/001_a.down.sql": file("-1"),
+			"m/002_b.up.sql": file("2"), "m/002_b.down.sql": file("-2"),
+			"m/README.md": file("ignored"),
+		}, ""},
+		{"no down", fstest.MapFS{"m/001_a.up.sql": file("1")}, "lacks"},
+		{"bad name", fstest.MapFS{"m/a.up.sql": file("1")}, "want NNN_name"},
+		{"bad direction", fstest.MapFS{"m/001_a.sideways.sql": file("1")}, "want NNN_name"},
+		{"two names", fstest.MapFS{"m/001_a.up.sql": file("1"), "m/001_b.down.sql": file("-1")}, "two names"},
+		{"gap", fstest.MapFS{
+			"m/001_a.up.sql": file("1"), "m/001_a.down.sql": file("-1"),
+			"m/003_c.up.sql": file("3"), "m/003_c.down.sql": file("-3"),
+		}, "not 1..n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ms, err := loadMigrations(tt.files, "m")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ms) != 2 || ms[0].Name != "a" || ms[1].up != "2" || ms[1].down != "-2" {
+				t.Fatalf("loaded %+v", ms)
+			}
+		})
+	}
+}
+
+// TestEmbeddedSQL checks that every statement and migration is present and
+// has its placeholders filled.
+func TestEmbeddedSQL(t *testing.T) {
+	t.Parallel()
+	loadQueries(`"s"`) // panics when a statement is missing
+	stmts := parseQueries(queriesSQL)
+	if len(stmts) != 12 {
+		t.Errorf("queries.sql has %d statements, want 12", len(stmts))
+	}
+	for name, sql := range stmts {
+		sql = expand(sql, `"s"`)
+		if strings.Contains(sql, "{{") || !strings.Contains(sql, `"s".idem_keys`) {
+			t.Errorf("%s: placeholders left or schema missing:\n%s", name, sql)
+		}
+		if strings.Contains(strings.ToLower(sql), "now()") {
+			t.Errorf("%s reads the server's clock", name)
+		}
+	}
+	if len(migrations) == 0 || migrations[0].up == "" {
+		t.Fatal("no embedded migrations")
+	}
+}
