@@ -89,6 +89,16 @@ type Config struct {
 	// per scope in this process (burst of the same size); over it the answer
 	// is 429 too-many-keys and nothing is stored. Defaults to 0 (no limit).
 	NewKeysPerSecondPerScope float64
+	// Transactional runs the route in transactional mode (SPEC section 5).
+	// The store must implement idemstore.TxStore (idemsqlite, idempgx); New
+	// panics otherwise. The handler gets the business transaction from the
+	// request context (idemsqlite.TxFromContext, idempgx.TxFromContext); the
+	// key's completion is written in that transaction, which the middleware
+	// commits before it sends the response. A 5xx, 408, 425 or 429 answer, a
+	// panic or a lost lease rolls it back and releases the key; an expired
+	// lease also releases the key, since nothing was committed. Phased
+	// operations (RunPhases) need it. Defaults to false.
+	Transactional bool
 	// FailOpen runs the handler unprotected when the store is unavailable.
 	// For development only: it logs an error on every bypass. Defaults to
 	// false (fail closed with 503 store-unavailable).

@@ -39,7 +39,8 @@ func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
 
 type middleware struct {
 	store   idemstore.Store
-	waiter  idemstore.Waiter // nil when the store cannot notify
+	waiter  idemstore.Waiter  // nil when the store cannot notify
+	txStore idemstore.TxStore // set in transactional mode
 	cfg     Config
 	methods map[string]bool
 	stored  map[string]bool // canonical header names stored for replay
@@ -58,6 +59,13 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 		log:     cfg.Logger,
 	}
 	m.waiter, _ = store.(idemstore.Waiter)
+	if cfg.Transactional {
+		ts, ok := store.(idemstore.TxStore)
+		if !ok {
+			panic(fmt.Sprintf("idem: Config.Transactional needs a store that implements idemstore.TxStore; %T does not", store))
+		}
+		m.txStore = ts
+	}
 	for _, meth := range cfg.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -207,13 +215,17 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (*idemstore.Reserv
 	a.token = newToken()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
+	expired := idemstore.StateUnknown
+	if m.txStore != nil {
+		expired = idemstore.StateReleased
+	}
 	return m.store.KeyReserve(ctx, &idemstore.ReserveParams{
 		Identity:          a.id,
 		Fingerprint:       a.fp,
 		Token:             a.token,
 		Lease:             m.cfg.Lease,
 		TTL:               m.cfg.TTL,
-		LeaseExpiredState: idemstore.StateUnknown,
+		LeaseExpiredState: expired,
 	})
 }
 
@@ -322,49 +334,137 @@ func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
 	rw := &recorder{w: w, max: m.cfg.MaxResponse}
 	stopRenew := m.renew(a)
+	a.recoveryPoint = rec.RecoveryPoint
 	ctx := context.WithValue(r.Context(), attemptKey{}, a)
+	if m.txStore != nil {
+		ctx = idemstore.ContextWithTx(ctx, a.beginTx(context.WithoutCancel(r.Context())))
+	}
 	defer m.hub.publish(a.id)
 
 	panicked := true
 	defer func() {
 		stopRenew()
-		if panicked {
-			m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error {
-				return m.store.KeyMarkUnknown(ctx, &idemstore.FinishParams{Identity: a.id, Token: a.token})
-			})
-			m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+		if !panicked {
+			return
 		}
+		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+		if m.txStore != nil {
+			// The transaction rolls back: nothing happened.
+			a.rollback(r)
+			m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
+			m.log.Error("idem: handler panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+			return
+		}
+		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+		m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 	}()
 	next.ServeHTTP(rw, r.WithContext(ctx))
 	panicked = false
 	stopRenew()
-	m.complete(r, a, rw)
+	if m.txStore != nil {
+		m.completeTx(w, r, a, rw)
+	} else {
+		m.complete(r, a, rw)
+	}
 	rw.finish()
 }
 
 // complete records the outcome of the handler (SPEC section 3, after the handler).
 func (m *middleware) complete(r *http.Request, a *attempt, rw *recorder) {
-	status := rw.status
-	if !rw.wroteHeader {
-		status = http.StatusOK
-	}
 	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
 	switch {
 	case a.rejected.Load():
 		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
 	case a.unknown.Load():
 		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
-	case m.releases(status):
+	case m.releases(rw.finalStatus()):
 		m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
 	default:
-		p := &idemstore.CompleteParams{Identity: a.id, Token: a.token}
-		if rw.streamed || rw.hijacked {
-			p.NotReplayable = true
-		} else {
-			p.Response = &idemstore.Response{Status: status, Header: m.storedHeader(rw.Header()), Body: rw.buf}
-		}
+		p := m.completeParams(a, rw)
 		m.finishStore(r, a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
 	}
+}
+
+func (m *middleware) completeParams(a *attempt, rw *recorder) *idemstore.CompleteParams {
+	p := &idemstore.CompleteParams{Identity: a.id, Token: a.token}
+	if rw.streamed || rw.hijacked {
+		p.NotReplayable = true
+	} else {
+		p.Response = &idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+	}
+	return p
+}
+
+// completeTx finishes a transactional attempt: the completion is written in
+// the business transaction and committed before the response is sent. When
+// that fails the response is replaced by a problem and the key released, so
+// the client never sees success for writes that did not commit.
+func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder) {
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	release := func() error {
+		var err error
+		m.finishStore(r, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
+		return err
+	}
+	switch {
+	case a.rejected.Load():
+		a.rollback(r)
+		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
+		return
+	case a.unknown.Load():
+		a.rollback(r)
+		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+		return
+	case m.releasesTx(rw.finalStatus()):
+		a.rollback(r)
+		release()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
+	defer cancel()
+	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
+	if err == nil {
+		err = tx.KeyComplete(ctx, m.completeParams(a, rw))
+		if err == nil {
+			err = tx.Commit(ctx)
+			if err != nil {
+				// Releasing is safe whatever the commit did: the release is
+				// fenced on an in_progress record, and a committed
+				// completion is not in progress any more.
+				if release() == nil {
+					err = fmt.Errorf("%w: %w", errCommitReleased, err)
+				}
+			}
+		} else {
+			a.rollback(r)
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		m.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		if rw.discard() {
+			m.writeProblem(w, http.StatusConflict, CodeKeyInUse,
+				"This attempt lost its lease to a newer one and was rolled back. Retry to get the result.", 1)
+		}
+	default:
+		m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+		if !errors.Is(err, errCommitReleased) {
+			release()
+		}
+		if rw.discard() {
+			m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
+				"The request could not be committed and had no effect. Retry later.", 1)
+		}
+	}
+}
+
+var errCommitReleased = errors.New("commit failed, key released")
+
+// releasesTx is releases for transactional mode, where a 5xx always rolls
+// back (whatever the profile).
+func (m *middleware) releasesTx(status int) bool {
+	return status >= 500 || m.releases(status)
 }
 
 // releases reports whether a response of this status releases the key so a
@@ -477,6 +577,37 @@ type attempt struct {
 	token    string
 	unknown  atomic.Bool
 	rejected atomic.Bool
+
+	// recoveryPoint is the last committed phase (transactional mode).
+	recoveryPoint string
+	// tx is the lazily begun business transaction (transactional mode).
+	txOnce sync.Once
+	tx     idemstore.Tx
+	txErr  error
+}
+
+// beginTx returns the function that begins the request's business
+// transaction once, on first use.
+func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
+	return func() (idemstore.Tx, error) {
+		a.txOnce.Do(func() {
+			a.tx, a.txErr = a.m.txStore.KeyBeginTx(ctx)
+		})
+		return a.tx, a.txErr
+	}
+}
+
+// rollback rolls back the business transaction if one was begun.
+func (a *attempt) rollback(r *http.Request) {
+	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
+	if a.tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.m.cfg.StoreTimeout)
+	defer cancel()
+	if err := a.tx.Rollback(ctx); err != nil {
+		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
 }
 
 // keyHash names the record in logs without revealing the key.

@@ -109,6 +109,27 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the underlying writer for http.ResponseController.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
+// finalStatus is the status the handler answered with.
+func (r *recorder) finalStatus() int {
+	if !r.wroteHeader {
+		return http.StatusOK
+	}
+	return r.status
+}
+
+// discard drops a buffered response and the handler's headers so another
+// answer can be written. It reports false when the response already went
+// to the client.
+func (r *recorder) discard() bool {
+	if r.sent || r.streamed || r.hijacked {
+		return false
+	}
+	r.sent = true
+	r.buf = nil
+	clear(r.w.Header())
+	return true
+}
+
 // finish sends a buffered response to the client.
 func (r *recorder) finish() {
 	if r.sent || r.hijacked {
