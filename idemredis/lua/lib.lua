@@ -2,8 +2,10 @@
 --
 -- Layout: one record is one hash, KEYS[1]. KEYS[2] is the lease index of the
 -- record's bucket: a sorted set of the in_progress records of that bucket,
--- scored by locked_until. Both keys share a hash tag, so every script touches
--- one slot and is Cluster-safe. Times are decimal Unix microseconds passed in
+-- scored by locked_until. KEYS[3], where a script takes it, is the expiry
+-- index of the bucket: every record of the bucket scored by expires_at. The
+-- keys share a hash tag, so every script touches one slot and is
+-- Cluster-safe. Times are decimal Unix microseconds passed in
 -- ARGV from the store's clock; they are stored as the strings given (never
 -- formatted by Lua, whose %.14g would round them) and only compared here.
 
@@ -23,7 +25,7 @@ end
 -- expired reports whether the record is past its retention at now: it is
 -- then gone, whatever Redis's own TTL says (the store's clock rules).
 local function expired(r, now)
-  return tonumber(r.expires_at) <= now
+  return tonumber(r.expires_at) < now
 end
 
 -- lease_expired reports whether r is in_progress with a lease that ended at

@@ -1,13 +1,15 @@
--- renew.lua extends the lease of an in_progress record when the token matches.
+-- renew.lua extends the lease of an in_progress record when the token matches
+-- and the lease has not run out (an expired lease is decided: it turned into
+-- its lease_expired_state even if nobody has written that down yet).
 --
 -- KEYS[1] record, KEYS[2] lease index
--- ARGV[1] now, ARGV[2] token, ARGV[3] locked_until, ARGV[4] lease index member
+-- ARGV[1] now, ARGV[2] token, ARGV[3] locked_until, ARGV[4] index member
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
 if not r or expired(r, now) or not fenced(r, ARGV[2]) then
   return lease_lost()
 end
-if r.state ~= 'in_progress' then
+if r.state ~= 'in_progress' or lease_expired(r, now) then
   return lease_lost()
 end
 redis.call('HSET', KEYS[1], 'locked_until', ARGV[3], 'updated_at', ARGV[1])

@@ -3,16 +3,17 @@
 -- existing record, applying a lease expiry it finds. One round trip; a replay
 -- (completed record) writes nothing.
 --
--- KEYS[1] record, KEYS[2] lease index
+-- KEYS[1] record, KEYS[2] lease index, KEYS[3] expiry index
 -- ARGV[1] now, ARGV[2] scope, ARGV[3] endpoint, ARGV[4] key,
 -- ARGV[5] fingerprint, ARGV[6] token, ARGV[7] locked_until,
 -- ARGV[8] lease_expired_state, ARGV[9] expires_at, ARGV[10] Redis TTL in ms,
--- ARGV[11] lease index member, ARGV[12] channel
+-- ARGV[11] index member, ARGV[12] channel, ARGV[13] prune horizon
 -- Returns {reserved (0 or 1), field, value, ...}.
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
 
 if r and expired(r, now) then
+  -- Gone: replaced below (the expiry index entry is re-scored there).
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[11])
   r = nil
@@ -27,6 +28,14 @@ if not r then
     'created_at', ARGV[1], 'updated_at', ARGV[1], 'expires_at', ARGV[9])
   redis.call('PEXPIRE', KEYS[1], ARGV[10])
   redis.call('ZADD', KEYS[2], ARGV[7], ARGV[11])
+  -- Entries of records Redis removed by TTL long ago, when nobody runs
+  -- KeyReap, would stay in the expiry index: drop a few per new record.
+  local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[13],
+    'LIMIT', 0, 4)
+  for _, m in ipairs(stale) do
+    redis.call('ZREM', KEYS[3], m)
+  end
+  redis.call('ZADD', KEYS[3], ARGV[9], ARGV[11])
   return {1, unpack(redis.call('HGETALL', KEYS[1]))}
 end
 

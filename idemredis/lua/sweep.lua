@@ -4,17 +4,10 @@
 -- renewed lease is re-scored. Returns nil when nothing changed.
 --
 -- KEYS[1] record, KEYS[2] lease index
--- ARGV[1] now, ARGV[2] lease index member, ARGV[3] channel
+-- ARGV[1] now, ARGV[2] index member, ARGV[3] channel
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
-if not r or expired(r, now) then
-  if r then
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return false
-end
-if r.state ~= 'in_progress' then
+if not r or expired(r, now) or r.state ~= 'in_progress' then
   redis.call('ZREM', KEYS[2], ARGV[2])
   return false
 end

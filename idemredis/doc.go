@@ -1,0 +1,70 @@
+// Package idemredis is the Redis store of idem, on go-redis v9 and embedded
+// Lua scripts. It works with a single node, Sentinel (a failover client) and
+// Redis Cluster: pass any redis.UniversalClient.
+//
+// # Guarantee
+//
+// Every state change is one Lua script, so a reservation is atomic (insert,
+// take over, or read the existing record in one round trip) and every write
+// that finishes an attempt is conditional on its fencing token. A replay is
+// one round trip that writes nothing.
+//
+// Records are only as durable as Redis's persistence is configured. With RDB
+// snapshots alone a Redis crash loses the records written since the last
+// snapshot, and with asynchronous replication a failover loses the writes
+// the replica had not received: a request completed in that window executes
+// again on retry, and a lease taken in it can be taken twice. appendonly yes
+// with appendfsync always narrows this to failovers; appendfsync everysec to
+// about a second. The SQL stores are the durable choice.
+//
+// # Layout
+//
+// A record is one hash under
+//
+//	<Prefix>{<bucket>}:r:<sha256>
+//
+// where sha256 is the hex SHA-256 of the length-prefixed scope, endpoint and
+// key, and bucket is one of 1024 buckets taken from that hash. The hash
+// stores the identity too, so records can be listed. Each bucket has two
+// sorted sets: a lease index, <Prefix>{<bucket>}:leases, of its in_progress
+// records scored by the end of their lease (for KeySweep), and an expiry
+// index, <Prefix>{<bucket>}:expiry, of all its records scored by expires_at
+// (for KeyReap; about 100 bytes per record). Each record has a pub/sub
+// channel, <Prefix>{<bucket>}:c:<sha256>. A record, its indexes and its
+// channel share a hash tag, so every script touches a single slot and is
+// Cluster-safe; 1024 buckets spread the records over the slots of any
+// realistic cluster. The layout is part of the stored data: changing Prefix or the bucket count
+// strands existing records.
+//
+// Times are stored as Unix microseconds from the store's clock (Config.Now),
+// passed to the scripts as arguments. Retention is enforced by the scripts
+// and KeyGet from the stored expires_at, so a record past it is gone even
+// if Redis has not removed it yet (the store's clock may run ahead of
+// Redis's, as a test clock does). Redis's own TTL is garbage collection: a
+// relative PEXPIRE of the remaining retention plus a minute, set when the
+// record is created. Being relative it does not depend on the two clocks
+// agreeing, only on the store's clock not running slower than Redis's (a
+// frozen test clock outliving the slack would see records vanish). The lease (locked_until) is
+// a field, separate from retention: a crashed attempt blocks its key for one
+// lease, not for the retention.
+//
+// # Costs of the background paths
+//
+// KeySweep and KeyReap read the indexes of the 1024 buckets (ZRANGEBYSCORE,
+// 64 per pipelined round trip: 16 round trips) and run one script per due
+// entry, pipelined: their cost is proportional to the buckets and to the
+// due entries, never to the number of records. Each handles at most Limit
+// records per call. KeyReap is optional: Redis's TTL removes records anyway
+// (a minute after ExpiresAt); the reaper reclaims memory sooner and keeps
+// the expiry index small. Without it, every new record drops up to four
+// expiry index entries that are an hour past due from its bucket.
+//
+// KeyList SCANs every master for the prefix and reads the filter fields of
+// every record it finds (pipelined HMGET), then the full records of the page:
+// its cost is proportional to all records under the prefix, per page. It is
+// meant for admin tools, not for request paths.
+//
+// KeyWait (the idemstore.Waiter) subscribes to the record's channel with
+// SSUBSCRIBE (sharded pub/sub, Redis 7), or SUBSCRIBE before Redis 7, on a
+// connection of its own for the duration of the wait.
+package idemredis

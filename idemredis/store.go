@@ -1,0 +1,399 @@
+package idemredis
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+const (
+	// bucketCount is the number of lease indexes (and hash tags). It is
+	// part of the key layout: changing it strands existing records.
+	bucketCount = 1024
+	// sweepChunk is how many lease indexes one KeySweep round trip reads.
+	sweepChunk = 64
+	// ttlSlack is added to the remaining retention when Redis's own TTL is
+	// set, so that Redis never removes a record that the store's clock
+	// still considers alive (it removes it a little later instead).
+	ttlSlack = time.Minute
+	// pruneAfter is how long past its expires_at an expiry index entry may
+	// be dropped by a reservation in the same bucket, its record having been
+	// removed by Redis's TTL (ttlSlack after expires_at) long before.
+	pruneAfter = time.Hour
+
+	defaultSweepLimit = 1000
+	defaultListLimit  = 100
+)
+
+// Config configures the store. A nil *Config means all defaults.
+type Config struct {
+	// Prefix starts every key and channel the store uses, so that several
+	// stores and other data can share one Redis. It should not contain a
+	// hash tag ("{...}"): that would put every record in one slot. Defaults
+	// to "idem:".
+	Prefix string
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Store is an idemstore.Store (and idemstore.Waiter) on Redis. It is safe
+// for concurrent use.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+	now    func() time.Time
+	// sweepFrom rotates the first bucket KeySweep reads, so that a bucket
+	// full of expired leases does not starve the others.
+	sweepFrom atomic.Uint32
+}
+
+var (
+	_ idemstore.Store  = (*Store)(nil)
+	_ idemstore.Waiter = (*Store)(nil)
+)
+
+// New returns a store on client: a *redis.Client (single node, or Sentinel
+// through redis.NewFailoverClient), a *redis.ClusterClient or a *redis.Ring.
+// The store does not close the client.
+func New(client redis.UniversalClient, cfg *Config) *Store {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = "idem:"
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Store{client: client, prefix: c.Prefix, now: c.Now}
+}
+
+// recordKeys are the names of one record's keys and channel.
+type recordKeys struct {
+	record  string // the hash
+	index   string // the lease index of its bucket
+	expiry  string // the expiry index of its bucket
+	member  string // its member in the lease index
+	channel string // its pub/sub channel
+}
+
+// keysOf returns the keys of the record named id.
+func (s *Store) keysOf(id idemstore.Identity) recordKeys {
+	h := sha256.New()
+	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write([]byte(f))
+	}
+	sum := h.Sum(nil)
+	bucket := int(binary.BigEndian.Uint16(sum)) % bucketCount
+	return s.bucketKeys(bucket, hex.EncodeToString(sum))
+}
+
+// bucketKeys returns the keys of the record member of bucket.
+func (s *Store) bucketKeys(bucket int, member string) recordKeys {
+	tag := s.bucketTag(bucket)
+	return recordKeys{
+		record:  tag + ":r:" + member,
+		index:   tag + ":leases",
+		expiry:  tag + ":expiry",
+		member:  member,
+		channel: tag + ":c:" + member,
+	}
+}
+
+func (s *Store) bucketTag(bucket int) string {
+	return fmt.Sprintf("%s{%03x}", s.prefix, bucket)
+}
+
+// micros formats t as decimal Unix microseconds, the scripts' time unit.
+func micros(t time.Time) string {
+	return strconv.FormatInt(t.UnixMicro(), 10)
+}
+
+// KeyReserve atomically inserts a new in_progress record, takes over a
+// released one (with the same fingerprint) or an expired lease that turns
+// released, and otherwise returns the existing record. One script, one
+// round trip.
+func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	les := p.LeaseExpiredState
+	if les == "" {
+		les = idemstore.StateUnknown
+	}
+	now := s.now()
+	k := s.keysOf(p.Identity)
+	ttl := max(p.TTL, 0) + ttlSlack
+	vals, err := reserveScript.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
+		micros(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+		micros(now.Add(p.Lease)), string(les), micros(now.Add(p.TTL)),
+		ttl.Milliseconds(), k.member, k.channel, micros(now.Add(-pruneAfter)),
+	).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
+	}
+	if len(vals) == 0 {
+		return nil, errors.New("reserving key: empty reply")
+	}
+	reserved, _ := vals[0].(int64)
+	rec, err := recordFromFlat(vals[1:])
+	if err != nil {
+		return nil, fmt.Errorf("reserving key: %w", err)
+	}
+	return &idemstore.ReserveResult{Reserved: reserved == 1, Record: rec}, nil
+}
+
+// KeyGet returns the record, or idemstore.ErrNotFound. It reads with one
+// HGETALL and writes nothing.
+func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	k := s.keysOf(id)
+	m, err := s.client.HGetAll(ctx, k.record).Result()
+	if err != nil {
+		return nil, fmt.Errorf("getting key: %w", interpretError(err))
+	}
+	if len(m) == 0 {
+		return nil, idemstore.ErrNotFound
+	}
+	r, err := recordFromMap(m)
+	if err != nil {
+		return nil, fmt.Errorf("getting key: %w", err)
+	}
+	now := s.now()
+	if now.After(r.ExpiresAt) {
+		return nil, idemstore.ErrNotFound
+	}
+	if r.LeaseExpired(now) {
+		r.State = r.LeaseExpiredState
+	}
+	return r, nil
+}
+
+// KeyComplete stores the response and moves the record to completed when
+// the token matches and the record is in_progress or unknown. A nil
+// Response is stored as not replayable.
+func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	resp, err := encodeResponse(p.Response, p.NotReplayable)
+	if err != nil {
+		return fmt.Errorf("completing key: %w", err)
+	}
+	k := s.keysOf(p.Identity)
+	err = completeScript.Run(ctx, s.client, []string{k.record, k.index},
+		micros(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
+		k.member, k.channel,
+	).Err()
+	if err != nil {
+		return fmt.Errorf("completing key: %w", interpretError(err))
+	}
+	return nil
+}
+
+// KeyRelease moves the record to released (from in_progress or unknown)
+// when the token matches.
+func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.finish(ctx, releaseScript, "releasing key", p)
+}
+
+// KeyMarkUnknown moves an in_progress record to unknown when the token
+// matches.
+func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.finish(ctx, markUnknownScript, "marking key unknown", p)
+}
+
+// KeyDelete removes an in_progress record when the token matches.
+func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.finish(ctx, deleteScript, "deleting key", p)
+}
+
+func (s *Store) finish(ctx context.Context, script *redis.Script, what string, p *idemstore.FinishParams) error {
+	k := s.keysOf(p.Identity)
+	err := script.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
+		micros(s.now()), p.Token, k.member, k.channel,
+	).Err()
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, interpretError(err))
+	}
+	return nil
+}
+
+// KeyRenew extends the lease of an in_progress record to now + p.Lease when
+// the token matches.
+func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	now := s.now()
+	k := s.keysOf(p.Identity)
+	err := renewScript.Run(ctx, s.client, []string{k.record, k.index},
+		micros(now), p.Token, micros(now.Add(p.Lease)), k.member,
+	).Err()
+	if err != nil {
+		return fmt.Errorf("renewing key: %w", interpretError(err))
+	}
+	return nil
+}
+
+// KeyResolve settles an unknown record to completed or released when the
+// token matches.
+func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	if p.To != idemstore.StateCompleted && p.To != idemstore.StateReleased {
+		return fmt.Errorf("resolving key to %q: %w", p.To, idemstore.ErrInvalidState)
+	}
+	resp, err := encodeResponse(p.Response, p.Response == nil)
+	if err != nil {
+		return fmt.Errorf("resolving key: %w", err)
+	}
+	k := s.keysOf(p.Identity)
+	err = resolveScript.Run(ctx, s.client, []string{k.record, k.index},
+		micros(s.now()), p.Token, string(p.To),
+		resp.notReplayable, resp.status, resp.header, resp.body,
+		k.member, k.channel,
+	).Err()
+	if err != nil {
+		return fmt.Errorf("resolving key: %w", interpretError(err))
+	}
+	return nil
+}
+
+// interpretError maps Redis replies to the idemstore sentinels: redis.Nil
+// and IDEM_NOT_FOUND to ErrNotFound, the scripts' IDEM_LEASE_LOST and
+// IDEM_INVALID_STATE to ErrLeaseLost and ErrInvalidState. Any other error
+// means the store is unavailable and is returned as it is.
+func interpretError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, redis.Nil), redis.HasErrorPrefix(err, "IDEM_NOT_FOUND"):
+		return idemstore.ErrNotFound
+	case redis.HasErrorPrefix(err, "IDEM_LEASE_LOST"):
+		return idemstore.ErrLeaseLost
+	case redis.HasErrorPrefix(err, "IDEM_INVALID_STATE"):
+		return idemstore.ErrInvalidState
+	}
+	return err
+}
+
+// encodedResponse is a response as the scripts take it.
+type encodedResponse struct {
+	notReplayable string // "1" or "0"
+	status        string
+	header        string // JSON of http.Header
+	body          []byte
+}
+
+func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse, error) {
+	if notReplayable || r == nil {
+		return encodedResponse{notReplayable: "1"}, nil
+	}
+	header, err := json.Marshal(r.Header)
+	if err != nil {
+		return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
+	}
+	return encodedResponse{
+		notReplayable: "0",
+		status:        strconv.Itoa(r.Status),
+		header:        string(header),
+		body:          r.Body,
+	}, nil
+}
+
+// recordFromFlat decodes a field, value, ... list (HGETALL in a script).
+func recordFromFlat(vals []any) (*idemstore.Record, error) {
+	if len(vals) == 0 || len(vals)%2 != 0 {
+		return nil, fmt.Errorf("decoding record: %d values", len(vals))
+	}
+	m := make(map[string]string, len(vals)/2)
+	for i := 0; i < len(vals); i += 2 {
+		k, ok1 := vals[i].(string)
+		v, ok2 := vals[i+1].(string)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("decoding record: unexpected %T, %T", vals[i], vals[i+1])
+		}
+		m[k] = v
+	}
+	return recordFromMap(m)
+}
+
+// recordFromMap decodes a record hash.
+func recordFromMap(m map[string]string) (*idemstore.Record, error) {
+	r := &idemstore.Record{
+		Identity: idemstore.Identity{
+			Scope:    m["scope"],
+			Endpoint: m["endpoint"],
+			Key:      m["key"],
+		},
+		Fingerprint:       m["fingerprint"],
+		State:             idemstore.State(m["state"]),
+		Token:             m["token"],
+		LeaseExpiredState: idemstore.State(m["lease_expired_state"]),
+		NotReplayable:     m["not_replayable"] == "1",
+		RecoveryPoint:     m["recovery_point"],
+	}
+	if !r.State.Valid() {
+		return nil, fmt.Errorf("decoding record: invalid state %q", r.State)
+	}
+	var err error
+	times := []struct {
+		field string
+		dst   *time.Time
+	}{
+		{"locked_until", &r.LockedUntil},
+		{"started_at", &r.StartedAt},
+		{"created_at", &r.CreatedAt},
+		{"updated_at", &r.UpdatedAt},
+		{"expires_at", &r.ExpiresAt},
+	}
+	for _, f := range times {
+		if *f.dst, err = parseMicros(m[f.field]); err != nil {
+			return nil, fmt.Errorf("decoding record field %s: %w", f.field, err)
+		}
+	}
+	if r.Attempts, err = strconv.Atoi(m["attempts"]); err != nil {
+		return nil, fmt.Errorf("decoding record field attempts: %w", err)
+	}
+	if status, ok := m["status"]; ok && !r.NotReplayable {
+		resp := &idemstore.Response{Body: []byte(m["body"])}
+		if resp.Status, err = strconv.Atoi(status); err != nil {
+			return nil, fmt.Errorf("decoding record field status: %w", err)
+		}
+		if h := m["header"]; h != "" && h != "null" {
+			resp.Header = make(http.Header)
+			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
+				return nil, fmt.Errorf("decoding record field header: %w", err)
+			}
+		}
+		r.Response = resp
+	}
+	return r, nil
+}
+
+func parseMicros(s string) (time.Time, error) {
+	us, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMicro(us), nil
+}
+
+// escapeGlob quotes the characters SCAN MATCH treats as special.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		switch c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}

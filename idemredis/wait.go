@@ -1,0 +1,72 @@
+package idemredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// KeyWait returns when the record named id may have changed: a script
+// published on its channel, its lease ran out, or it is not in_progress (or
+// is gone) when the wait starts. It returns ctx's error when ctx ends first.
+//
+// It subscribes first and reads the record second, so a change between the
+// caller's read and the subscription is not missed. The subscription uses
+// SSUBSCRIBE (Redis 7 sharded pub/sub: on a cluster only the record's shard
+// is involved) and falls back to SUBSCRIBE on older servers. Each wait holds
+// a connection of its own.
+func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
+	k := s.keysOf(id)
+	ps, err := s.subscribe(ctx, k.channel)
+	if err != nil {
+		return fmt.Errorf("waiting for key: %w", err)
+	}
+	defer ps.Close()
+
+	r, err := s.KeyGet(ctx, id)
+	if errors.Is(err, idemstore.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for key: %w", err)
+	}
+	if r.State != idemstore.StateInProgress {
+		return nil
+	}
+	// The lease's end is a change nobody publishes.
+	timer := time.NewTimer(max(r.LockedUntil.Sub(s.now()), time.Millisecond))
+	defer timer.Stop()
+	select {
+	case <-ps.Channel():
+		return nil
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// subscribe subscribes to channel with SSUBSCRIBE, or with SUBSCRIBE when
+// the server does not know SSUBSCRIBE, and waits for the confirmation.
+func (s *Store) subscribe(ctx context.Context, channel string) (*redis.PubSub, error) {
+	ps := s.client.SSubscribe(ctx, channel)
+	_, err := ps.Receive(ctx)
+	if err == nil {
+		return ps, nil
+	}
+	ps.Close()
+	if !redis.HasErrorPrefix(err, "ERR unknown command") {
+		return nil, err
+	}
+	ps = s.client.Subscribe(ctx, channel)
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, err
+	}
+	return ps, nil
+}
