@@ -103,6 +103,9 @@ type Config struct {
 	// For development only: it logs an error on every bypass. Defaults to
 	// false (fail closed with 503 store-unavailable).
 	FailOpen bool
+	// Metrics receives a count of every decision and the store latencies.
+	// Defaults to none.
+	Metrics Metrics
 	// Logger receives the middleware's logs. Keys appear only as hashes.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -153,6 +156,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if cfg.ProblemTypeBase == "" {
 		cfg.ProblemTypeBase = "https://idem.dev/problems/"
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = nopMetrics{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

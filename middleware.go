@@ -100,6 +100,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 {
 		if m.cfg.RequireKey {
+			m.cfg.Metrics.Decision(m.endpoint(r), "", DecisionInvalid)
 			m.writeProblem(w, http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.", 0)
 			return
 		}
@@ -111,6 +112,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = fmt.Errorf("%w: shorter than %d characters", ErrKeyInvalid, m.cfg.MinKeyLength)
 	}
 	if err != nil {
+		m.cfg.Metrics.Decision(m.endpoint(r), "", DecisionInvalid)
 		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
 		return
 	}
@@ -123,6 +125,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, tooLarge, err := readBody(r, m.cfg.MaxBody)
 	if tooLarge {
+		m.cfg.Metrics.Decision(m.endpoint(r), scope, DecisionInvalid)
 		m.writeProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBody), 0)
 		return
@@ -148,6 +151,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
 	if m.limits != nil {
 		if ok, retry := m.limits.admit(a.id.Scope, m.cfg.Now()); !ok {
+			m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionTooManyKeys)
 			m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
 				"Too many idempotency keys in progress or created for this tenant.", retry)
 			return
@@ -171,6 +175,11 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 				admitted = false
 				defer m.limits.done(a.id.Scope)
 			}
+			if res.Record.Attempts > 1 {
+				m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionReleasedRetried)
+			} else {
+				m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionCreated)
+			}
 			m.execute(w, r, next, a, res.Record)
 			return
 		}
@@ -184,6 +193,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 			m.replay(w, a, rec)
 			return
 		case idemstore.StateUnknown:
+			m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionUnknown)
 			m.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 			m.writeProblem(w, http.StatusConflict, CodeOutcomeUnknown,
 				"An earlier request with this key may or may not have taken effect; it is being reconciled. Retry later.",
@@ -211,10 +221,12 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 }
 
-func (m *middleware) reserve(ctx context.Context, a *attempt) (*idemstore.ReserveResult, error) {
+func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
+	start := time.Now()
+	defer func() { m.cfg.Metrics.StoreCall("reserve", time.Since(start), err) }()
 	expired := idemstore.StateUnknown
 	if m.txStore != nil {
 		expired = idemstore.StateReleased
@@ -231,6 +243,7 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (*idemstore.Reserv
 
 // storeFailed fails closed: 503 unless the development fail-open switch is on.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, op string, err error) {
+	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionStoreError)
 	if m.cfg.FailOpen {
 		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 		next.ServeHTTP(w, r)
@@ -242,6 +255,7 @@ func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next ht
 }
 
 func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
+	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionKeyReused)
 	m.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
 	const detail = "This Idempotency-Key was already used with a different request."
 	switch m.cfg.Profile {
@@ -255,6 +269,7 @@ func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
 }
 
 func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
+	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionInProgress)
 	retry := retryAfter(m.cfg.Now(), rec)
 	if m.cfg.Async {
 		w.Header().Set("Retry-After", fmt.Sprint(retry))
@@ -284,10 +299,12 @@ func (m *middleware) unknownRetryAfter() int {
 
 func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
 	if rec.NotReplayable || rec.Response == nil {
+		m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionNotReplayable)
 		m.writeProblem(w, http.StatusConflict, CodeNotReplayable,
 			"The request with this Idempotency-Key completed, but its response was streamed or too large to store.", 0)
 		return
 	}
+	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionReplayed)
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
 		h[name] = vs
@@ -391,6 +408,7 @@ func (m *middleware) completeParams(a *attempt, rw *recorder) *idemstore.Complet
 		p.NotReplayable = true
 	} else {
 		p.Response = &idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(rw.buf))
 	}
 	return p
 }
@@ -426,7 +444,9 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	if err == nil {
 		err = tx.KeyComplete(ctx, m.completeParams(a, rw))
 		if err == nil {
+			start := time.Now()
 			err = tx.Commit(ctx)
+			m.cfg.Metrics.StoreCall("commit", time.Since(start), err)
 			if err != nil {
 				// Releasing is safe whatever the commit did: the release is
 				// fenced on an in_progress record, and a committed
@@ -482,7 +502,9 @@ func (m *middleware) releases(status int) bool {
 func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
 	defer cancel()
+	start := time.Now()
 	err := f(ctx)
+	m.cfg.Metrics.StoreCall(op, time.Since(start), err)
 	switch {
 	case err == nil:
 	case errors.Is(err, idemstore.ErrLeaseLost):
@@ -516,7 +538,9 @@ func (m *middleware) renew(a *attempt) (stop func()) {
 			case <-t.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
+			start := time.Now()
 			err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
+			m.cfg.Metrics.StoreCall("renew", time.Since(start), err)
 			cancel()
 			if errors.Is(err, idemstore.ErrLeaseLost) {
 				m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)

@@ -825,3 +825,50 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+type countingMetrics struct {
+	mu        sync.Mutex
+	decisions map[idem.Decision]int
+	ops       map[string]int
+}
+
+func (c *countingMetrics) Decision(endpoint, scope string, d idem.Decision) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.decisions[d]++
+}
+
+func (c *countingMetrics) StoreCall(op string, d time.Duration, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ops[op]++
+}
+
+func (c *countingMetrics) ResponseStored(endpoint string, n int) {}
+
+func TestMetricsDecisions(t *testing.T) {
+	t.Parallel()
+	m := &countingMetrics{decisions: map[idem.Decision]int{}, ops: map[string]int{}}
+	status := 500
+	b := setup(t, &idem.Config{Metrics: m}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) })
+	b.do(t, "POST", "key-one", "{}") // created, released
+	status = 201
+	b.do(t, "POST", "key-one", "{}") // released_retried, completed
+	b.do(t, "POST", "key-one", "{}") // replayed
+	b.do(t, "POST", "key-one", "[]") // key_reused
+	b.do(t, "POST", "bad key", "{}") // invalid
+	b.store.failReserve.Store(true)
+	b.do(t, "POST", "key-two", "{}") // store_error
+	want := map[idem.Decision]int{
+		idem.DecisionCreated: 1, idem.DecisionReleasedRetried: 1, idem.DecisionReplayed: 1,
+		idem.DecisionKeyReused: 1, idem.DecisionInvalid: 1, idem.DecisionStoreError: 1,
+	}
+	for d, n := range want {
+		if m.decisions[d] != n {
+			t.Errorf("%s = %d, want %d (all: %v)", d, m.decisions[d], n, m.decisions)
+		}
+	}
+	if m.ops["reserve"] != 5 || m.ops["release"] != 1 || m.ops["complete"] != 1 {
+		t.Errorf("store calls %v", m.ops)
+	}
+}
