@@ -112,7 +112,9 @@ type Response struct {
 	// Replayed reports that the server answered with the stored response of
 	// an earlier execution (Idempotent-Replayed: true).
 	Replayed bool
-	// Attempts is how many times the request was sent.
+	// Attempts is how many times Do sent the request. (net/http may itself
+	// send a keyed request again, once, when a reused connection closes
+	// before any answer; that is not counted.)
 	Attempts int
 	// Key is the idempotency key sent on every attempt, empty if none was.
 	Key string
@@ -238,17 +240,13 @@ func (c *Client) StandardClient() *http.Client {
 // RoundTripper is an http.RoundTripper that sends each request through
 // Client.Do.
 type RoundTripper struct {
-	// Client sends the requests. Defaults to NewClient() when nil.
+	// Client sends the requests. It must not be nil.
 	Client *Client
 }
 
 // RoundTrip implements http.RoundTripper.
 func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	c := rt.Client
-	if c == nil {
-		c = NewClient()
-	}
-	resp, err := c.Do(req)
+	resp, err := rt.Client.Do(req)
 	if err != nil {
 		return nil, err
 	}

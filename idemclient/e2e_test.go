@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -216,4 +217,82 @@ func TestConcurrentCallsThroughFlakyConnections(t *testing.T) {
 		t.Errorf("%d replays, %d lost responses: the proxy did not lose anything, the test proves nothing", replays, proxy.dropped.Load())
 	}
 	t.Logf("%d connections, %d responses lost, %d calls answered by a replay", proxy.accepted.Load(), proxy.dropped.Load(), replays)
+}
+
+// An attempt that times out leaves the first execution running: the retry
+// finds the key in use (409 key-in-use from the real middleware), waits, and
+// gets the first execution's answer once it is stored.
+func TestTimeoutThenKeyInUseThenReplay(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var execs atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		execs.Add(1)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged once")
+	})
+	srv := httptest.NewServer(idem.New(idemmem.New(nil), &idem.Config{Logger: slog.New(slog.DiscardHandler)})(handler))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+
+	c := newClient(t)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	c.HTTPClient = &http.Client{Transport: tr, Timeout: 200 * time.Millisecond}
+	c.RetryMax = 20
+	var inUse atomic.Int32
+	c.Backoff = func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
+		if resp != nil && idemclient.ProblemCode(resp) == idemclient.CodeKeyInUse {
+			if resp.Header.Get("Retry-After") == "" {
+				t.Error("409 key-in-use without Retry-After")
+			}
+			if inUse.Add(1) == 1 {
+				close(release) // let the first execution finish
+			}
+		}
+		return idemclient.DefaultBackoff(min, max, attempt, nil)
+	}
+	resp, err := c.Do(newRequest(t, t.Context(), http.MethodPost, srv.URL+"/v1/payments", `{"amount_cents":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readBody(t, resp)
+	if resp.StatusCode != http.StatusCreated || body != "charged once" || !resp.Replayed || resp.Attempts < 3 {
+		t.Errorf("Do = %d %q after %d attempts, replayed %v; want the replayed 201 after at least 3", resp.StatusCode, body, resp.Attempts, resp.Replayed)
+	}
+	if inUse.Load() == 0 || execs.Load() != 1 {
+		t.Errorf("%d key-in-use answers, %d executions; want at least 1 and exactly 1", inUse.Load(), execs.Load())
+	}
+}
+
+// The real middleware's 422 key-reused is final: it reaches the caller at
+// once, body intact.
+func TestKeyReusedIsFinal(t *testing.T) {
+	t.Parallel()
+	l, proxy := newIdemServer(t, func(int64) bool { return false })
+	c := newClient(t)
+	ctx := idemclient.WithKey(t.Context(), "reused-key")
+	resp, err := c.Do(newRequest(t, ctx, http.MethodPost, proxy.URL()+"/v1/payments", `{"amount_cents":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readBody(t, resp)
+	resp, err = c.Do(newRequest(t, ctx, http.MethodPost, proxy.URL()+"/v1/payments", `{"amount_cents":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readBody(t, resp)
+	if resp.StatusCode != http.StatusUnprocessableEntity || resp.Attempts != 1 || !strings.Contains(body, `"code":"key-reused"`) {
+		t.Errorf("Do = %d %q after %d attempts; want the 422 key-reused at once", resp.StatusCode, body, resp.Attempts)
+	}
+	if n := l.total.Load(); n != 1 {
+		t.Errorf("the server executed %d times, want 1", n)
+	}
 }

@@ -36,7 +36,8 @@ const RetryAfterLimit = 24 * time.Hour
 const problemLimit = 16 << 10
 
 // CheckRetry decides, after an attempt, whether to send the request again.
-// resp is nil when err is not; the policy may read resp.Header and call
+// resp is nil when err is not, except when the HTTP client's CheckRedirect
+// refused a redirect (resp is then the redirect, its body closed). The policy may read resp.Header and call
 // ProblemCode(resp), but must not consume resp.Body otherwise. Returning an
 // error stops the retries and makes Do return that error.
 type CheckRetry func(ctx context.Context, resp *http.Response, err error) (bool, error)
@@ -51,14 +52,14 @@ type Backoff func(min, max time.Duration, attempt int, resp *http.Response) time
 // retries connection errors and timeouts, 409 with problem code key-in-use or
 // outcome-unknown, 408, 425, 429, and 5xx other than 501 and 505. It never
 // retries other 4xx (among them 400 and 422 key-reused), TLS certificate
-// errors, invalid requests or redirect loops, and stops with the context's
+// errors, invalid requests, redirect loops or refused redirects, and stops with the context's
 // error once ctx is done.
 func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
 	if err != nil {
-		return retryableError(err), nil
+		return resp == nil && retryableError(err), nil
 	}
 	switch s := resp.StatusCode; {
 	case s == http.StatusConflict:
@@ -83,7 +84,7 @@ func DefaultUnkeyedRetryPolicy(ctx context.Context, resp *http.Response, err err
 		return false, ctx.Err()
 	}
 	if err != nil {
-		return retryableError(err), nil
+		return resp == nil && retryableError(err), nil
 	}
 	return resp.StatusCode == http.StatusServiceUnavailable, nil
 }
@@ -98,8 +99,12 @@ var (
 
 // retryableError reports whether a transport error may go away on retry:
 // connection errors and timeouts do; certificate errors, unsupported
-// schemes, invalid headers and redirect loops do not.
+// schemes, invalid headers, redirect loops and an HTTP server behind an
+// https URL do not.
 func retryableError(err error) bool {
+	if errors.Is(err, http.ErrSchemeMismatch) {
+		return false
+	}
 	var (
 		certVerify *tls.CertificateVerificationError
 		unknownCA  x509.UnknownAuthorityError

@@ -80,6 +80,8 @@ var policyCases = []struct {
 	{name: "redirect loop", err: urlError(errors.New("stopped after 10 redirects"))},
 	{name: "bad scheme", err: urlError(errors.New(`unsupported protocol scheme "ftp"`))},
 	{name: "invalid header", err: urlError(errors.New(`net/http: invalid header field name "a b"`))},
+	{name: "http server behind https", err: urlError(http.ErrSchemeMismatch)},
+	{name: "refused redirect", resp: answer(302, "", "", "Location", "/elsewhere"), err: urlError(errors.New("no redirects, please"))},
 }
 
 func TestDefaultRetryPolicy(t *testing.T) {
