@@ -25,9 +25,10 @@ const (
 	CodeUnauthorized = "unauthorized"
 )
 
-// ErrStoreUnavailable wraps a store failure that made the middleware refuse
-// a request (fail closed).
-var ErrStoreUnavailable = errors.New("idem: store unavailable")
+// ErrKeyInvalid is wrapped by every error ParseKey returns. The wrapping
+// error's text says why the key was refused and never contains the key, so it
+// may be shown to clients.
+var ErrKeyInvalid = errors.New("invalid Idempotency-Key")
 
 // Problem is an RFC 9457 problem details object as the middleware writes it.
 // Detail is client-facing text: it never contains keys, tokens or bodies.

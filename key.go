@@ -1,17 +1,11 @@
 package idem
 
 import (
-	"errors"
 	"strings"
 )
 
 // MaxKeyLength is the longest idempotency key accepted, in characters.
 const MaxKeyLength = 255
-
-// ErrKeyInvalid is wrapped by every error ParseKey returns. The wrapping
-// error's text says why the key was refused and never contains the key, so it
-// may be shown to clients.
-var ErrKeyInvalid = errors.New("invalid Idempotency-Key")
 
 // keyError is a reason a key was refused. The reasons are fixed values, so
 // refusing a key allocates nothing and can never echo the key.
