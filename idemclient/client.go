@@ -201,19 +201,24 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 			return newResponse(resp, key, attempt), nil
 		}
 
-		backoff := c.Backoff
-		if backoff == nil {
-			backoff = DefaultBackoff
-		}
-		if unknown {
-			backoff = c.UnknownOutcomeBackoff
-			if backoff == nil {
-				backoff = DefaultUnknownOutcomeBackoff
-			}
-		}
-		wait := max(backoff(c.RetryWaitMin, c.RetryWaitMax, attempt-1, resp), 0)
 		logAttrs := append(outcomeAttrs(resp, doErr), attrs...)
-		if attempt > c.RetryMax || (c.MaxElapsed > 0 && time.Since(start)+wait > c.MaxElapsed) {
+		giveUp := attempt > c.RetryMax
+		var wait time.Duration
+		if !giveUp {
+			backoff := c.Backoff
+			if backoff == nil {
+				backoff = DefaultBackoff
+			}
+			if unknown {
+				backoff = c.UnknownOutcomeBackoff
+				if backoff == nil {
+					backoff = DefaultUnknownOutcomeBackoff
+				}
+			}
+			wait = max(backoff(c.RetryWaitMin, c.RetryWaitMax, attempt-1, resp), 0)
+			giveUp = c.MaxElapsed > 0 && time.Since(start)+wait > c.MaxElapsed
+		}
+		if giveUp {
 			logger.LogAttrs(ctx, slog.LevelWarn, "idemclient: giving up",
 				append(logAttrs, slog.Int("attempts", attempt))...)
 			if doErr != nil {

@@ -217,9 +217,17 @@ func TestDoExhausted(t *testing.T) {
 		srv := newServer(t, replyProblem(409, "key-in-use", "Retry-After", "0"))
 		c := newClient(t)
 		c.RetryMax = 3
+		var waits []int
+		c.Backoff = func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
+			waits = append(waits, attempt)
+			return idemclient.DefaultBackoff(min, max, attempt, resp)
+		}
 		resp, err := c.Do(newRequest(t, t.Context(), http.MethodPost, srv.URL, "x"))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if fmt.Sprint(waits) != "[0 1 2]" {
+			t.Errorf("Backoff called with attempts %v, want [0 1 2]", waits)
 		}
 		body := readBody(t, resp)
 		if resp.StatusCode != 409 || resp.Attempts != 4 || len(srv.seen()) != 4 {

@@ -20,12 +20,14 @@ import (
 // Problem codes (the "code" member of an application/problem+json answer)
 // that the retry policy tells apart.
 const (
-	// CodeKeyInUse: another attempt with the same key is running; retry later.
+	// CodeKeyInUse says another attempt with the same key is running: retry
+	// later.
 	CodeKeyInUse = "key-in-use"
-	// CodeOutcomeUnknown: an earlier attempt may or may not have had its
-	// effect; the server answers again once it has reconciled the call.
+	// CodeOutcomeUnknown says an earlier attempt may or may not have had its
+	// effect: the server answers again once it has reconciled the call.
 	CodeOutcomeUnknown = "outcome-unknown"
-	// CodeKeyReused: the key was already used with another request; final.
+	// CodeKeyReused says the key was already used with another request. It
+	// is final.
 	CodeKeyReused = "key-reused"
 )
 
@@ -42,9 +44,9 @@ const problemLimit = 16 << 10
 // error stops the retries and makes Do return that error.
 type CheckRetry func(ctx context.Context, resp *http.Response, err error) (bool, error)
 
-// Backoff returns how long to wait before the next attempt. attempt counts
-// the attempts already failed minus one (0 before the first retry); resp is
-// the failed attempt's response, nil after a transport error.
+// Backoff returns how long to wait before the next attempt. attempt is 0
+// before the first retry, 1 before the second, and so on; resp is the failed
+// attempt's response, nil after a transport error.
 type Backoff func(min, max time.Duration, attempt int, resp *http.Response) time.Duration
 
 // DefaultRetryPolicy is the policy for requests sent with an idempotency
