@@ -291,9 +291,10 @@ func TestDoStopsOnCancel(t *testing.T) {
 			cancel()
 			return time.Hour
 		}
+		req := newRequest(t, ctx, http.MethodPost, srv.URL, "x")
 		done := make(chan error, 1)
 		go func() {
-			_, err := c.Do(newRequest(t, ctx, http.MethodPost, srv.URL, "x"))
+			_, err := c.Do(req)
 			done <- err
 		}()
 		select {
