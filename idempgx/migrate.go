@@ -102,7 +102,7 @@ func (s *Store) Migrate(ctx context.Context) ([]Migration, error) {
 			if _, ok := applied[m.Version]; ok {
 				continue
 			}
-			if _, err := tx.Exec(ctx, expand(m.up, s.schema)); err != nil {
+			if _, err := tx.Exec(ctx, expand(m.up, s.schema, s.channel)); err != nil {
 				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
 			}
 			_, err := tx.Exec(ctx, "INSERT INTO "+s.schema+".idem_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
@@ -131,7 +131,7 @@ func (s *Store) MigrateDown(ctx context.Context) (*Migration, error) {
 			if _, ok := applied[m.Version]; !ok {
 				continue
 			}
-			if _, err := tx.Exec(ctx, expand(m.down, s.schema)); err != nil {
+			if _, err := tx.Exec(ctx, expand(m.down, s.schema, s.channel)); err != nil {
 				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
 			}
 			_, err := tx.Exec(ctx, "DELETE FROM "+s.schema+".idem_migrations WHERE version = $1", m.Version)

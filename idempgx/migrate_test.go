@@ -125,13 +125,13 @@ func TestLoadMigrations(t *testing.T) {
 // has its placeholders filled.
 func TestEmbeddedSQL(t *testing.T) {
 	t.Parallel()
-	loadQueries(`"s"`) // panics when a statement is missing
+	loadQueries(`"s"`, "c") // panics when a statement is missing
 	stmts := parseQueries(queriesSQL)
-	if len(stmts) != 12 {
-		t.Errorf("queries.sql has %d statements, want 12", len(stmts))
+	if len(stmts) != 13 {
+		t.Errorf("queries.sql has %d statements, want 13", len(stmts))
 	}
 	for name, sql := range stmts {
-		sql = expand(sql, `"s"`)
+		sql = expand(sql, `"s"`, "c")
 		if strings.Contains(sql, "{{") || !strings.Contains(sql, `"s".idem_keys`) {
 			t.Errorf("%s: placeholders left or schema missing:\n%s", name, sql)
 		}

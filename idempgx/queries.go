@@ -18,15 +18,26 @@ const columns = `k.scope, k.endpoint, k.key, k.fingerprint, k.state, k.token,
     k.response_header, k.response_body, k.not_replayable, k.recovery_point,
     k.attempts, k.created_at, k.updated_at, k.expires_at`
 
-// queries are the store's statements with the schema filled in.
+// notifyPayloadSQL is the hash of the identity of a row u, as notifyPayload
+// computes it.
+const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
+    || octet_length(u.endpoint)::text || ':' || u.endpoint || u.key)`
+
+// queries are the store's statements with the placeholders filled in.
 type queries struct {
 	reserve, get, complete, release, markUnknown, delete, renew,
-	checkpoint, resolve, sweep, reap, list string
+	checkpoint, resolve, sweep, reap, list, wait string
 }
 
-// expand fills the {{schema}} and {{columns}} placeholders.
-func expand(sql, schema string) string {
-	return strings.NewReplacer("{{schema}}", schema, "{{columns}}", columns).Replace(sql)
+// expand fills the placeholders of queries.sql and of the migrations: the
+// quoted schema name and the notification channel (a plain identifier).
+func expand(sql, schema, channel string) string {
+	return strings.NewReplacer(
+		"{{schema}}", schema,
+		"{{columns}}", columns,
+		"{{channel}}", "'"+channel+"'",
+		"{{notify_payload}}", notifyPayloadSQL,
+	).Replace(sql)
 }
 
 // parseQueries splits queries.sql at its "-- name: X" lines.
@@ -54,15 +65,16 @@ func parseQueries(src string) map[string]string {
 	return out
 }
 
-// loadQueries returns the statements for the quoted schema name.
-func loadQueries(schema string) *queries {
+// loadQueries returns the statements for the quoted schema name and the
+// notification channel.
+func loadQueries(schema, channel string) *queries {
 	m := parseQueries(queriesSQL)
 	q := func(name string) string {
 		sql, ok := m[name]
 		if !ok {
 			panic(fmt.Sprintf("idempgx: queries.sql has no statement %q", name))
 		}
-		return expand(sql, schema)
+		return expand(sql, schema, channel)
 	}
 	return &queries{
 		reserve:     q("reserve"),
@@ -77,5 +89,6 @@ func loadQueries(schema string) *queries {
 		sweep:       q("sweep"),
 		reap:        q("reap"),
 		list:        q("list"),
+		wait:        q("wait"),
 	}
 }

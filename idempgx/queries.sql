@@ -1,7 +1,13 @@
 -- Statements of the PostgreSQL store. Each starts with a "-- name: X" line.
--- {{schema}} is replaced by the store's quoted schema name and {{columns}} by
--- the record's column list (as read by scanRecord). Time is always a
--- parameter from the store's clock, never the server's now().
+-- {{schema}} is replaced by the store's quoted schema name, {{columns}} by
+-- the record's column list (as read by recordScan), {{channel}} by the
+-- store's notification channel and {{notify_payload}} by the hash of the
+-- identity of a row u (see notifyPayload). Time is always a parameter from
+-- the store's clock, never the server's now().
+--
+-- The statements that finish an attempt send a notification (pg_notify)
+-- only when a request waits for the record (waiters, set by wait): NOTIFY
+-- serializes committing transactions, which the common path must not pay.
 
 -- name: reserve
 -- One statement, one round trip. ins inserts a new record; take re-claims a
@@ -34,6 +40,7 @@ WITH ins AS (
         response_header = NULL,
         response_body = NULL,
         not_replayable = false,
+        waiters = false,
         recovery_point = CASE WHEN k.expires_at <= $6::timestamptz
             THEN '' ELSE k.recovery_point END,
         attempts = CASE WHEN k.expires_at <= $6::timestamptz
@@ -87,41 +94,65 @@ WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
 -- name: complete
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 status, $7 header,
 -- $8 body, $9 not_replayable.
-UPDATE {{schema}}.idem_keys AS k SET
-    state = 'completed',
-    response_status = $6::integer,
-    response_header = $7::jsonb,
-    response_body = $8::bytea,
-    not_replayable = $9::boolean,
-    updated_at = $5::timestamptz
-WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
-  AND k.state IN ('in_progress', 'unknown')
-  AND k.expires_at > $5::timestamptz;
+WITH u AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = 'completed',
+        response_status = $6::integer,
+        response_header = $7::jsonb,
+        response_body = $8::bytea,
+        not_replayable = $9::boolean,
+        updated_at = $5::timestamptz
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+      AND k.state IN ('in_progress', 'unknown')
+      AND k.expires_at > $5::timestamptz
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: release
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
-UPDATE {{schema}}.idem_keys AS k SET
-    state = 'released',
-    updated_at = $5::timestamptz
-WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
-  AND k.state IN ('in_progress', 'unknown')
-  AND k.expires_at > $5::timestamptz;
+WITH u AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = 'released',
+        updated_at = $5::timestamptz
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+      AND k.state IN ('in_progress', 'unknown')
+      AND k.expires_at > $5::timestamptz
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: mark_unknown
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
-UPDATE {{schema}}.idem_keys AS k SET
-    state = 'unknown',
-    updated_at = $5::timestamptz
-WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
-  AND k.state = 'in_progress'
-  AND k.expires_at > $5::timestamptz;
+WITH u AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = 'unknown',
+        updated_at = $5::timestamptz
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+      AND k.state = 'in_progress'
+      AND k.expires_at > $5::timestamptz
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: delete
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now.
-DELETE FROM {{schema}}.idem_keys AS k
-WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
-  AND k.state = 'in_progress'
-  AND k.expires_at > $5::timestamptz;
+WITH u AS (
+    DELETE FROM {{schema}}.idem_keys AS k
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+      AND k.state = 'in_progress'
+      AND k.expires_at > $5::timestamptz
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: renew
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 locked_until.
@@ -146,22 +177,28 @@ WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
 -- unknown, settles to completed or released.
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 state, $7 status,
 -- $8 header, $9 body, $10 not_replayable.
-UPDATE {{schema}}.idem_keys AS k SET
-    state = $6::text,
-    response_status = $7::integer,
-    response_header = $8::jsonb,
-    response_body = $9::bytea,
-    not_replayable = $10::boolean,
-    updated_at = $5::timestamptz
-WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
-  AND (k.state = 'unknown'
-       OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
-           AND k.lease_expired_state = 'unknown'))
-  AND k.expires_at > $5::timestamptz;
+WITH u AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = $6::text,
+        response_status = $7::integer,
+        response_header = $8::jsonb,
+        response_body = $9::bytea,
+        not_replayable = $10::boolean,
+        updated_at = $5::timestamptz
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+      AND (k.state = 'unknown'
+           OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+               AND k.lease_expired_state = 'unknown'))
+      AND k.expires_at > $5::timestamptz
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: sweep
 -- Turns at most $2 expired leases into their lease_expired_state, skipping
--- rows another transaction holds. $1 now, $2 limit.
+-- rows another transaction holds, and wakes their waiters. $1 now, $2 limit.
 WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
@@ -169,13 +206,19 @@ WITH batch AS (
     ORDER BY locked_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE {{schema}}.idem_keys AS k SET
+        state = k.lease_expired_state,
+        updated_at = $1::timestamptz
+    FROM batch AS b
+    WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key
+    RETURNING {{columns}}, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
 )
-UPDATE {{schema}}.idem_keys AS k SET
-    state = k.lease_expired_state,
-    updated_at = $1::timestamptz
-FROM batch AS b
-WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key
-RETURNING {{columns}};
+SELECT {{columns}}
+FROM u AS k
+WHERE (SELECT count(*) FROM n) >= 0;
 
 -- name: reap
 -- Deletes at most $2 records past their retention, skipping rows another
@@ -222,3 +265,22 @@ WHERE k.expires_at > $1::timestamptz
   AND (NOT $6::boolean OR (k.scope, k.endpoint, k.key) > ($7::text, $8::text, $9::text))
 ORDER BY k.scope, k.endpoint, k.key
 LIMIT $10;
+
+-- name: wait
+-- Marks a live in-progress record as waited for, so that the statement
+-- finishing its attempt notifies. It is true when the record is in
+-- progress and marked; false when it changed and the waiter should read it
+-- again. $1 scope, $2 endpoint, $3 key, $4 now.
+WITH u AS (
+    UPDATE {{schema}}.idem_keys AS k SET waiters = true
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
+      AND k.state = 'in_progress' AND NOT k.waiters
+      AND k.locked_until > $4::timestamptz AND k.expires_at > $4::timestamptz
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u)
+    OR EXISTS (
+        SELECT 1 FROM {{schema}}.idem_keys AS k
+        WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
+          AND k.state = 'in_progress' AND k.waiters
+          AND k.locked_until > $4::timestamptz AND k.expires_at > $4::timestamptz);

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,9 @@ type Config struct {
 	// it returns (a spurious wake-up, after which the caller reads the
 	// record again). Defaults to 1 second.
 	WaitPoll time.Duration
+	// Logger receives the notification listener's failures. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Default values of Config fields.
@@ -63,6 +67,9 @@ func (cfg *Config) withDefaults() Config {
 	if c.WaitPoll <= 0 {
 		c.WaitPoll = DefaultWaitPoll
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	return c
 }
 
@@ -79,11 +86,12 @@ const maxReserveTries = 10
 
 // Store is the PostgreSQL idem store. It is safe for concurrent use.
 type Store struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	schema string // quoted identifier
-	q      *queries
-	notify *notifier
+	pool    *pgxpool.Pool
+	cfg     Config
+	schema  string // quoted identifier
+	channel string // notification channel, see notifyChannel
+	q       *queries
+	notify  *notifier
 }
 
 var (
@@ -96,7 +104,8 @@ var (
 func New(pool *pgxpool.Pool, cfg *Config) *Store {
 	c := cfg.withDefaults()
 	schema := pgx.Identifier{c.Schema}.Sanitize()
-	s := &Store{pool: pool, cfg: c, schema: schema, q: loadQueries(schema)}
+	channel := notifyChannel(c.Schema)
+	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel)}
 	s.notify = newNotifier(s)
 	return s
 }
@@ -260,7 +269,7 @@ func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error 
 // the token matches.
 func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	now := s.now()
-	err := s.fenced(ctx, s.pool, s.q.renew,
+	err := s.fencedExec(ctx, s.pool, s.q.renew,
 		p.Scope, p.Endpoint, p.Key, p.Token, now, now.Add(p.Lease))
 	if err != nil {
 		return fmt.Errorf("renewing key: %w", err)
@@ -268,10 +277,24 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	return nil
 }
 
-// fenced runs a write conditional on the token. When it changes no row the
-// record is missing, belongs to another attempt or is in a state the write
-// may not change: all three are idemstore.ErrLeaseLost for the attempt.
+// fenced runs a write conditional on the token, a statement that returns
+// how many records it changed and how many waiters' notifications it sent.
+// When it changes no record, the record is missing, belongs to another
+// attempt or is in a state the write may not change: all three are
+// idemstore.ErrLeaseLost for the attempt.
 func (s *Store) fenced(ctx context.Context, q querier, sql string, args ...any) error {
+	var changed, notified int64
+	if err := q.QueryRow(ctx, sql, args...).Scan(&changed, &notified); err != nil {
+		return interpretError(err)
+	}
+	if changed == 0 {
+		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
+
+// fencedExec is fenced for a plain UPDATE that notifies nobody.
+func (s *Store) fencedExec(ctx context.Context, q querier, sql string, args ...any) error {
 	tag, err := q.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError(err)
@@ -303,13 +326,14 @@ func (s *Store) resolve(ctx context.Context, p *idemstore.ResolveParams) error {
 		return fmt.Errorf("%w: cannot resolve to %q", idemstore.ErrInvalidState, p.To)
 	}
 	now := s.now()
-	tag, err := s.pool.Exec(ctx, s.q.resolve,
+	var changed, notified int64
+	err := s.pool.QueryRow(ctx, s.q.resolve,
 		p.Scope, p.Endpoint, p.Key, p.Token, now, string(p.To),
-		resp.status, resp.header, resp.body, resp.notReplayable)
+		resp.status, resp.header, resp.body, resp.notReplayable).Scan(&changed, &notified)
 	if err != nil {
 		return interpretError(err)
 	}
-	if tag.RowsAffected() > 0 {
+	if changed > 0 {
 		return nil
 	}
 	rec, err := s.get(ctx, s.pool, p.Identity, now)

@@ -12,8 +12,8 @@ import (
 // CompleteTx is KeyComplete inside the caller's transaction: the completion
 // commits or rolls back with the business writes (transactional mode). It
 // locks the record until tx ends, so a concurrent takeover waits for the
-// outcome. On idemstore.ErrLeaseLost or idemstore.ErrNotFound the caller
-// must roll tx back.
+// outcome. On idemstore.ErrLeaseLost the caller must roll tx back.
+// A request waiting for the record is notified when tx commits.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idemstore.CompleteParams) error {
 	if err := s.complete(ctx, tx, p); err != nil {
 		return fmt.Errorf("completing key in transaction: %w", err)
@@ -28,7 +28,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idemstore.Complete
 // token, and the caller must then roll tx back.
 func (s *Store) CheckpointTx(ctx context.Context, tx pgx.Tx, id idemstore.Identity, token, recoveryPoint string) error {
 	now := s.now()
-	err := s.fenced(ctx, tx, s.q.checkpoint,
+	err := s.fencedExec(ctx, tx, s.q.checkpoint,
 		id.Scope, id.Endpoint, id.Key, token, now, recoveryPoint)
 	if err != nil {
 		return fmt.Errorf("checkpointing key: %w", err)
