@@ -106,6 +106,9 @@ type Config struct {
 	// Metrics receives a count of every decision and the store latencies.
 	// Defaults to none.
 	Metrics Metrics
+	// Tracer starts spans around reserve, handler and completion.
+	// Defaults to none.
+	Tracer Tracer
 	// Logger receives the middleware's logs. Keys appear only as hashes.
 	// Defaults to slog.Default().
 	Logger *slog.Logger

@@ -1,6 +1,9 @@
 package idem
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Decision is what the middleware decided for one protected request, as
 // reported to Metrics.
@@ -37,3 +40,19 @@ type nopMetrics struct{}
 func (nopMetrics) Decision(string, string, Decision)      {}
 func (nopMetrics) StoreCall(string, time.Duration, error) {}
 func (nopMetrics) ResponseStored(string, int)             {}
+
+// Tracer starts the middleware's spans: "idem.request" around a protected
+// request, with "idem.reserve", "idem.handler" and "idem.complete" inside it.
+// Attributes carry the endpoint, a key hash (never the key) and the
+// decision. idemotel adapts OpenTelemetry to it.
+type Tracer interface {
+	Start(ctx context.Context, name string) (context.Context, Span)
+}
+
+// Span is one span started by a Tracer.
+type Span interface {
+	// SetAttribute records a string attribute.
+	SetAttribute(key, value string)
+	// End ends the span; err, when not nil, marks it failed.
+	End(err error)
+}

@@ -143,7 +143,24 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		id: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
 		fp: Fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.Fingerprint),
 	}
+	if m.cfg.Tracer != nil {
+		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
+		span.SetAttribute("idem.endpoint", endpoint)
+		span.SetAttribute("idem.key_hash", a.keyHash())
+		a.span = span
+		defer func() { span.End(nil) }()
+		r = r.WithContext(ctx)
+	}
 	m.decide(w, r, next, a)
+}
+
+// span starts a child span when tracing is on; the returned end is never nil.
+func (m *middleware) span(ctx context.Context, name string) (context.Context, func(error)) {
+	if m.cfg.Tracer == nil {
+		return ctx, func(error) {}
+	}
+	ctx, s := m.cfg.Tracer.Start(ctx, name)
+	return ctx, s.End
 }
 
 // decide reserves the key and answers by the record's state; it runs the
@@ -151,7 +168,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
 	if m.limits != nil {
 		if ok, retry := m.limits.admit(a.id.Scope, m.cfg.Now()); !ok {
-			m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionTooManyKeys)
+			a.decision(DecisionTooManyKeys)
 			m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
 				"Too many idempotency keys in progress or created for this tenant.", retry)
 			return
@@ -176,9 +193,9 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 				defer m.limits.done(a.id.Scope)
 			}
 			if res.Record.Attempts > 1 {
-				m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionReleasedRetried)
+				a.decision(DecisionReleasedRetried)
 			} else {
-				m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionCreated)
+				a.decision(DecisionCreated)
 			}
 			m.execute(w, r, next, a, res.Record)
 			return
@@ -193,7 +210,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 			m.replay(w, a, rec)
 			return
 		case idemstore.StateUnknown:
-			m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionUnknown)
+			a.decision(DecisionUnknown)
 			m.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 			m.writeProblem(w, http.StatusConflict, CodeOutcomeUnknown,
 				"An earlier request with this key may or may not have taken effect; it is being reconciled. Retry later.",
@@ -225,8 +242,12 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.Re
 	a.token = newToken()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
+	ctx, end := m.span(ctx, "idem.reserve")
 	start := time.Now()
-	defer func() { m.cfg.Metrics.StoreCall("reserve", time.Since(start), err) }()
+	defer func() {
+		m.cfg.Metrics.StoreCall("reserve", time.Since(start), err)
+		end(err)
+	}()
 	expired := idemstore.StateUnknown
 	if m.txStore != nil {
 		expired = idemstore.StateReleased
@@ -243,7 +264,7 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.Re
 
 // storeFailed fails closed: 503 unless the development fail-open switch is on.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, op string, err error) {
-	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionStoreError)
+	a.decision(DecisionStoreError)
 	if m.cfg.FailOpen {
 		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 		next.ServeHTTP(w, r)
@@ -255,7 +276,7 @@ func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next ht
 }
 
 func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
-	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionKeyReused)
+	a.decision(DecisionKeyReused)
 	m.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
 	const detail = "This Idempotency-Key was already used with a different request."
 	switch m.cfg.Profile {
@@ -269,7 +290,7 @@ func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
 }
 
 func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
-	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionInProgress)
+	a.decision(DecisionInProgress)
 	retry := retryAfter(m.cfg.Now(), rec)
 	if m.cfg.Async {
 		w.Header().Set("Retry-After", fmt.Sprint(retry))
@@ -299,12 +320,12 @@ func (m *middleware) unknownRetryAfter() int {
 
 func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
 	if rec.NotReplayable || rec.Response == nil {
-		m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionNotReplayable)
+		a.decision(DecisionNotReplayable)
 		m.writeProblem(w, http.StatusConflict, CodeNotReplayable,
 			"The request with this Idempotency-Key completed, but its response was streamed or too large to store.", 0)
 		return
 	}
-	m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, DecisionReplayed)
+	a.decision(DecisionReplayed)
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
 		h[name] = vs
@@ -375,7 +396,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
 		m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 	}()
+	ctx, endHandler := m.span(ctx, "idem.handler")
 	next.ServeHTTP(rw, r.WithContext(ctx))
+	endHandler(nil)
 	panicked = false
 	stopRenew()
 	if m.txStore != nil {
@@ -440,6 +463,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
 	defer cancel()
+	ctx, end := m.span(ctx, "idem.complete")
 	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
 	if err == nil {
 		err = tx.KeyComplete(ctx, m.completeParams(a, rw))
@@ -459,6 +483,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 			a.rollback(r)
 		}
 	}
+	end(err)
 	switch {
 	case err == nil:
 	case errors.Is(err, idemstore.ErrLeaseLost):
@@ -502,9 +527,11 @@ func (m *middleware) releases(status int) bool {
 func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
 	defer cancel()
+	ctx, end := m.span(ctx, "idem.complete")
 	start := time.Now()
 	err := f(ctx)
 	m.cfg.Metrics.StoreCall(op, time.Since(start), err)
+	end(err)
 	switch {
 	case err == nil:
 	case errors.Is(err, idemstore.ErrLeaseLost):
@@ -601,6 +628,7 @@ type attempt struct {
 	token    string
 	unknown  atomic.Bool
 	rejected atomic.Bool
+	span     Span // nil without a Tracer
 
 	// recoveryPoint is the last committed phase (transactional mode).
 	recoveryPoint string
@@ -631,6 +659,14 @@ func (a *attempt) rollback(r *http.Request) {
 	defer cancel()
 	if err := a.tx.Rollback(ctx); err != nil {
 		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
+}
+
+// decision reports what the middleware decided for this request.
+func (a *attempt) decision(d Decision) {
+	a.m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
+	if a.span != nil {
+		a.span.SetAttribute("idem.decision", string(d))
 	}
 }
 

@@ -872,3 +872,49 @@ func TestMetricsDecisions(t *testing.T) {
 		t.Errorf("store calls %v", m.ops)
 	}
 }
+
+type recordingTracer struct {
+	mu    sync.Mutex
+	spans []string
+	attrs map[string]string
+}
+
+type recordingSpan struct {
+	t    *recordingTracer
+	name string
+}
+
+func (t *recordingTracer) Start(ctx context.Context, name string) (context.Context, idem.Span) {
+	return ctx, &recordingSpan{t, name}
+}
+
+func (s *recordingSpan) SetAttribute(k, v string) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	s.t.attrs[k] = v
+}
+
+func (s *recordingSpan) End(err error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	s.t.spans = append(s.t.spans, s.name)
+}
+
+func TestTracing(t *testing.T) {
+	t.Parallel()
+	tr := &recordingTracer{attrs: map[string]string{}}
+	b := setup(t, &idem.Config{Tracer: tr}, nil)
+	b.do(t, "POST", "key-one", "{}")
+	want := []string{"idem.reserve", "idem.handler", "idem.complete", "idem.request"}
+	if fmt.Sprint(tr.spans) != fmt.Sprint(want) {
+		t.Fatalf("spans %v, want %v", tr.spans, want)
+	}
+	if tr.attrs["idem.decision"] != "created" || tr.attrs["idem.endpoint"] != "POST /v1/things" || len(tr.attrs["idem.key_hash"]) != 16 {
+		t.Fatalf("attributes %v", tr.attrs)
+	}
+	for _, v := range tr.attrs {
+		if strings.Contains(v, "key-one") {
+			t.Fatal("a span attribute carries the raw key")
+		}
+	}
+}
