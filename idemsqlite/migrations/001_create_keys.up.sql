@@ -1,0 +1,50 @@
+-- The idempotency records, one row per (scope, endpoint, key). Text compares
+-- by bytes (SQLite's BINARY collation), so identities sort as in Go. Times
+-- are integer unix microseconds.
+CREATE TABLE idem_keys (
+    scope               TEXT    NOT NULL,
+    endpoint            TEXT    NOT NULL,
+    key                 TEXT    NOT NULL,
+    fingerprint         TEXT    NOT NULL,
+    state               TEXT    NOT NULL,
+    token               TEXT    NOT NULL,
+    locked_until        INTEGER NOT NULL,
+    started_at          INTEGER NOT NULL,
+    lease_expired_state TEXT    NOT NULL,
+    response_status     INTEGER,
+    response_header     TEXT,
+    response_body       BLOB,
+    not_replayable      INTEGER NOT NULL DEFAULT 0,
+    recovery_point      TEXT    NOT NULL DEFAULT '',
+    attempts            INTEGER NOT NULL DEFAULT 1,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    expires_at          INTEGER NOT NULL,
+
+    CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, endpoint, key),
+    CONSTRAINT idem_keys_state_check
+        CHECK (state IN ('in_progress', 'completed', 'released', 'unknown')),
+    CONSTRAINT idem_keys_lease_expired_state_check
+        CHECK (lease_expired_state IN ('unknown', 'released')),
+    CONSTRAINT idem_keys_not_replayable_check CHECK (not_replayable IN (0, 1)),
+    CONSTRAINT idem_keys_response_status_check
+        CHECK (response_status BETWEEN 100 AND 999),
+    CONSTRAINT idem_keys_response_header_check
+        CHECK (response_header IS NULL OR json_valid(response_header)),
+    -- Only a completed record carries a response or the not-replayable mark,
+    -- and a completed record has one of the two.
+    CONSTRAINT idem_keys_response_check
+        CHECK (CASE WHEN state = 'completed'
+                    THEN response_status IS NOT NULL OR not_replayable = 1
+                    ELSE response_status IS NULL AND response_header IS NULL
+                         AND response_body IS NULL AND not_replayable = 0
+               END),
+    CONSTRAINT idem_keys_attempts_check CHECK (attempts > 0)
+) STRICT;
+
+-- The sweeper finds in-progress records whose lease expired.
+CREATE INDEX idem_keys_sweep_idx ON idem_keys (locked_until)
+    WHERE state = 'in_progress';
+
+-- The reaper deletes records past their retention.
+CREATE INDEX idem_keys_reap_idx ON idem_keys (expires_at);

@@ -1,0 +1,525 @@
+// Package idemsqlite is the embedded default idem store: one SQLite file in
+// WAL mode, on database/sql with the pure-Go driver modernc.org/sqlite.
+//
+// Open configures the file for durability (synchronous=FULL by default, so a
+// completed key survives power loss), serialises writes through one
+// connection whose transactions begin IMMEDIATE, serves reads from a small
+// read-only pool, and applies the embedded migrations. SQLite allows one
+// writer at a time, so the store suits one process; several processes may
+// share the file (maintenance, the CLI), waiting up to BusyTimeout for the
+// lock.
+//
+// CompleteTx completes a key inside the caller's transaction, so the
+// completion commits or rolls back with the business writes (transactional
+// mode).
+package idemsqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Default batch sizes, as documented on the idemstore params.
+const (
+	defaultSweepLimit = 1000
+	defaultReapLimit  = 1000
+	defaultListLimit  = 100
+)
+
+// Store is an idemstore.Store on SQLite.
+type Store struct {
+	cfg Config
+	// db takes the writes; rdb serves reads. They are the same pool when the
+	// store was made by New.
+	db, rdb *sql.DB
+	// owned reports that Close closes the pools (Open made them).
+	owned bool
+}
+
+var _ idemstore.Store = (*Store)(nil)
+
+// Open opens (creating it if needed) the SQLite database at path, configures
+// it (WAL, busy timeout, foreign keys, synchronous) and applies the pending
+// migrations. Close the store when done.
+func Open(path string, cfg *Config) (*Store, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if path == "" || path == ":memory:" || strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("idemsqlite: Open(%q): want a file path (for memory use idemmem)", path)
+	}
+	q := url.Values{}
+	q.Set("_busy_timeout", strconv.FormatInt(c.BusyTimeout.Milliseconds(), 10))
+	q.Set("_journal_mode", "WAL")
+	q.Set("_synchronous", c.Synchronous)
+	q.Set("_foreign_keys", "1")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: opening %s: %w", path, err)
+	}
+	// One writer connection: SQLite admits one writer at a time anyway, and
+	// queueing in the pool beats polling for the lock in the busy handler.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxIdleTime(0)
+	db.SetConnMaxLifetime(0)
+
+	s := &Store{cfg: c, db: db, rdb: db, owned: true}
+	ctx, cancel := context.WithTimeout(context.Background(), c.BusyTimeout+10*time.Second)
+	defer cancel()
+	if _, err := s.Migrate(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemsqlite: opening %s: %w", path, err)
+	}
+
+	rq := url.Values{}
+	rq.Set("_busy_timeout", strconv.FormatInt(c.BusyTimeout.Milliseconds(), 10))
+	rq.Set("_query_only", "1")
+	rdb, err := sql.Open("sqlite", path+"?"+rq.Encode())
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemsqlite: opening %s: %w", path, err)
+	}
+	rdb.SetMaxOpenConns(c.MaxReadConns)
+	rdb.SetMaxIdleConns(c.MaxReadConns)
+	s.rdb = rdb
+	return s, nil
+}
+
+// New returns a Store on db, which the caller owns and closes. It does not
+// migrate: call Migrate. db should be opened in WAL mode with a busy timeout
+// and "_txlock=immediate", so that the store's read-then-write transactions
+// take the write lock up front; with several connections and deferred
+// transactions, concurrent reservations can fail with SQLITE_BUSY.
+func New(db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("idemsqlite: New: nil *sql.DB")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Store{cfg: c, db: db, rdb: db}, nil
+}
+
+// Close closes the connections Open made. For a store made by New it does
+// nothing: the caller owns the *sql.DB.
+func (s *Store) Close() error {
+	if !s.owned {
+		return nil
+	}
+	err := s.rdb.Close()
+	if s.rdb != s.db {
+		err = errors.Join(err, s.db.Close())
+	}
+	return err
+}
+
+// DB returns the pool the store writes through. Transactions begun on it
+// hold SQLite's write lock (they begin IMMEDIATE when the store was opened
+// by Open), so keep them short: the store's own writes wait for them.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// now reads the store's clock at the microsecond precision of the columns.
+func (s *Store) now() time.Time {
+	return time.UnixMicro(s.cfg.Now().UnixMicro()).UTC()
+}
+
+// querier is what the store's statements run on: the pools, or a caller's
+// transaction.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+var (
+	_ querier = (*sql.DB)(nil)
+	_ querier = (*sql.Tx)(nil)
+	_ querier = (*sql.Conn)(nil)
+)
+
+// rowScanner is *sql.Row or *sql.Rows.
+type rowScanner interface {
+	Scan(dest ...any) error
+}
+
+// scanRecord reads the recordColumns of one row.
+func scanRecord(row rowScanner) (*idemstore.Record, error) {
+	var (
+		r                                               idemstore.Record
+		state, les                                      string
+		lockedUntil, startedAt, created, updated, until int64
+		status                                          sql.NullInt64
+		header                                          sql.NullString
+		body                                            []byte
+		notReplayable                                   int64
+	)
+	err := row.Scan(&r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &state, &r.Token, &lockedUntil, &startedAt,
+		&les, &status, &header, &body, &notReplayable, &r.RecoveryPoint, &r.Attempts, &created, &updated, &until)
+	if err != nil {
+		return nil, err
+	}
+	r.State = idemstore.State(state)
+	r.LeaseExpiredState = idemstore.State(les)
+	r.LockedUntil = fromMicros(lockedUntil)
+	r.StartedAt = fromMicros(startedAt)
+	r.CreatedAt = fromMicros(created)
+	r.UpdatedAt = fromMicros(updated)
+	r.ExpiresAt = fromMicros(until)
+	r.NotReplayable = notReplayable != 0
+	if status.Valid {
+		r.Response = &idemstore.Response{Status: int(status.Int64), Body: body}
+		if header.Valid {
+			if err := json.Unmarshal([]byte(header.String), &r.Response.Header); err != nil {
+				return nil, fmt.Errorf("decoding the stored header of %q: %w", r.Key, err)
+			}
+		}
+		if r.Response.Body == nil {
+			r.Response.Body = []byte{}
+		}
+	}
+	return &r, nil
+}
+
+func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+func micros(t time.Time) int64 { return t.UnixMicro() }
+
+// responseArgs are the status, header JSON, body and not_replayable columns
+// that store resp (nil: not replayable).
+func responseArgs(resp *idemstore.Response, notReplayable bool) (status, header, body, nr any, err error) {
+	if notReplayable || resp == nil {
+		return nil, nil, nil, 1, nil
+	}
+	h := resp.Header
+	if h == nil {
+		h = http.Header{}
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("encoding the response header: %w", err)
+	}
+	rb := resp.Body
+	if rb == nil {
+		rb = []byte{}
+	}
+	return resp.Status, string(b), rb, 0, nil
+}
+
+// leaseExpiredState is what an expired lease of a record made by p turns
+// into.
+func leaseExpiredState(s idemstore.State) idemstore.State {
+	if s == idemstore.StateReleased {
+		return idemstore.StateReleased
+	}
+	return idemstore.StateUnknown
+}
+
+// view is r as a reader sees it at now: an expired lease in the state it
+// turns into.
+func view(r *idemstore.Record, now time.Time) *idemstore.Record {
+	if r.LeaseExpired(now) {
+		r.State = leaseExpiredState(r.LeaseExpiredState)
+	}
+	return r
+}
+
+// getRaw reads the record of id as stored, or returns nil when it is missing
+// or past its retention at now.
+func getRaw(ctx context.Context, q querier, id idemstore.Identity, now time.Time) (*idemstore.Record, error) {
+	r, err := scanRecord(q.QueryRowContext(ctx, selectKey, id.Scope, id.Endpoint, id.Key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !now.Before(r.ExpiresAt) {
+		return nil, nil
+	}
+	return r, nil
+}
+
+// needsWrite reports whether a reservation with p finding r must write:
+// r is missing, its lease expired, or it is released for p's fingerprint.
+func needsWrite(r *idemstore.Record, p *idemstore.ReserveParams, now time.Time) bool {
+	return r == nil || r.LeaseExpired(now) ||
+		(r.State == idemstore.StateReleased && r.Fingerprint == p.Fingerprint)
+}
+
+// KeyReserve implements idemstore.Store. A record that needs no write (a
+// replay, a key in use, a reused key) is answered from the read pool without
+// taking the write lock; otherwise one IMMEDIATE transaction reads and
+// writes the record.
+func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	now := s.now()
+	r, err := getRaw(ctx, s.rdb, p.Identity, now)
+	if err != nil {
+		return nil, interpretError("reserving key", err)
+	}
+	if !needsWrite(r, p, now) {
+		return &idemstore.ReserveResult{Record: r}, nil
+	}
+
+	var res *idemstore.ReserveResult
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		now = s.now()
+		r, err := getRaw(ctx, tx, p.Identity, now)
+		if err != nil {
+			return err
+		}
+		les := leaseExpiredState(p.LeaseExpiredState)
+		if r == nil {
+			r, err = scanRecord(tx.QueryRowContext(ctx, insertKey, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+				micros(now.Add(p.Lease)), micros(now), string(les), micros(now.Add(p.TTL))))
+			if err != nil {
+				return err
+			}
+			res = &idemstore.ReserveResult{Reserved: true, Record: r}
+			return nil
+		}
+		if r.LeaseExpired(now) {
+			r, err = scanRecord(tx.QueryRowContext(ctx, expireLease, p.Scope, p.Endpoint, p.Key, micros(now)))
+			if err != nil {
+				return err
+			}
+		}
+		if r.State != idemstore.StateReleased || r.Fingerprint != p.Fingerprint {
+			res = &idemstore.ReserveResult{Record: r}
+			return nil
+		}
+		r, err = scanRecord(tx.QueryRowContext(ctx, takeoverKey, p.Scope, p.Endpoint, p.Key, p.Token,
+			micros(now.Add(p.Lease)), micros(now), string(les)))
+		if err != nil {
+			return err
+		}
+		res = &idemstore.ReserveResult{Reserved: true, Record: r}
+		return nil
+	})
+	if err != nil {
+		return nil, interpretError("reserving key", err)
+	}
+	return res, nil
+}
+
+// writeTx runs f in a write transaction and commits it when f succeeds.
+func (s *Store) writeTx(ctx context.Context, f func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		return errors.Join(err, rollback(tx))
+	}
+	return tx.Commit()
+}
+
+// rollback rolls tx back, ignoring that it is already done.
+func rollback(tx *sql.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+
+// KeyGet implements idemstore.Store.
+func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	now := s.now()
+	r, err := getRaw(ctx, s.rdb, id, now)
+	if err != nil {
+		return nil, interpretError("getting key", err)
+	}
+	if r == nil {
+		return nil, idemstore.ErrNotFound
+	}
+	return view(r, now), nil
+}
+
+// KeyComplete implements idemstore.Store.
+func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	return s.complete(ctx, s.db, p)
+}
+
+// CompleteTx completes the attempt inside tx, with the semantics of
+// KeyComplete: the completion commits or rolls back with tx. It returns
+// idemstore.ErrLeaseLost when the attempt no longer owns the record; the
+// caller should then roll tx back. tx must be a transaction on the store's
+// database (see DB).
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
+	return s.complete(ctx, tx, p)
+}
+
+func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompleteParams) error {
+	status, header, body, nr, err := responseArgs(p.Response, p.NotReplayable)
+	if err != nil {
+		return err
+	}
+	return s.fencedExec(ctx, q, "completing key", completeKey, p.Identity, p.Token, status, header, body, nr)
+}
+
+// fencedExec runs one fenced write with the identity as ?1-?3, the token as
+// ?4, now as ?5 and extra from ?6 on, and returns idemstore.ErrLeaseLost when
+// it changed no row.
+func (s *Store) fencedExec(ctx context.Context, q querier, op, query string, id idemstore.Identity, token string, extra ...any) error {
+	args := append([]any{id.Scope, id.Endpoint, id.Key, token, micros(s.now())}, extra...)
+	res, err := q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return interpretError(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return interpretError(op, err)
+	}
+	if n == 0 {
+		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
+
+// KeyRelease implements idemstore.Store.
+func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.fencedExec(ctx, s.db, "releasing key", releaseKey, p.Identity, p.Token)
+}
+
+// KeyMarkUnknown implements idemstore.Store.
+func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.fencedExec(ctx, s.db, "marking key unknown", markUnknownKey, p.Identity, p.Token)
+}
+
+// KeyDelete implements idemstore.Store.
+func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.fencedExec(ctx, s.db, "deleting key", deleteKey, p.Identity, p.Token)
+}
+
+// KeyRenew implements idemstore.Store.
+func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	return s.fencedExec(ctx, s.db, "renewing key", renewKey, p.Identity, p.Token, micros(s.now().Add(p.Lease)))
+}
+
+// KeyResolve implements idemstore.Store.
+func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	if p.To != idemstore.StateCompleted && p.To != idemstore.StateReleased {
+		return idemstore.ErrInvalidState
+	}
+	var status, header, body, nr any = nil, nil, nil, 0
+	if p.To == idemstore.StateCompleted {
+		var err error
+		if status, header, body, nr, err = responseArgs(p.Response, false); err != nil {
+			return err
+		}
+	}
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		now := s.now()
+		r, err := getRaw(ctx, tx, p.Identity, now)
+		switch {
+		case err != nil:
+			return err
+		case r == nil:
+			return idemstore.ErrNotFound
+		case r.Token != p.Token:
+			return idemstore.ErrLeaseLost
+		case view(r, now).State != idemstore.StateUnknown:
+			return idemstore.ErrInvalidState
+		}
+		_, err = tx.ExecContext(ctx, resolveKey, p.Scope, p.Endpoint, p.Key, string(p.To), micros(now), status, header, body, nr)
+		return err
+	})
+	return interpretError("resolving key", err)
+}
+
+// KeySweep implements idemstore.Store.
+func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
+	rows, err := s.db.QueryContext(ctx, sweepKeys, micros(s.now()), cmp.Or(p.Limit, defaultSweepLimit))
+	if err != nil {
+		return nil, interpretError("sweeping keys", err)
+	}
+	recs, err := scanRecords(rows)
+	return recs, interpretError("sweeping keys", err)
+}
+
+// KeyReap implements idemstore.Store.
+func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+	res, err := s.db.ExecContext(ctx, reapKeys, micros(s.now()), cmp.Or(p.Limit, defaultReapLimit))
+	if err != nil {
+		return 0, interpretError("reaping keys", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), interpretError("reaping keys", err)
+}
+
+// KeyList implements idemstore.Store. The State filter and the listed
+// states see expired leases in the state they turn into, as KeyGet does.
+func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
+	now := s.now()
+	var query strings.Builder
+	query.WriteString(listKeys)
+	args := []any{micros(now)}
+	arg := func(v any) string {
+		args = append(args, v)
+		return "?" + strconv.Itoa(len(args))
+	}
+	if p.State != "" {
+		query.WriteString(" AND " + effectiveState + " = " + arg(string(p.State)))
+	}
+	if p.Scope != "" {
+		query.WriteString(" AND scope = " + arg(p.Scope))
+	}
+	if p.Endpoint != "" {
+		query.WriteString(" AND endpoint = " + arg(p.Endpoint))
+	}
+	if !p.CreatedBefore.IsZero() {
+		// Strictly before, at the columns' microsecond precision.
+		cb := p.CreatedBefore
+		us := cb.UnixMicro()
+		if !time.UnixMicro(us).Equal(cb) && cb.After(time.UnixMicro(us)) {
+			us++
+		}
+		query.WriteString(" AND created_at < " + arg(us))
+	}
+	if p.After != nil {
+		query.WriteString(" AND (scope, endpoint, key) > (" + arg(p.After.Scope) + ", " + arg(p.After.Endpoint) + ", " + arg(p.After.Key) + ")")
+	}
+	query.WriteString(" ORDER BY scope, endpoint, key LIMIT " + arg(cmp.Or(p.Limit, defaultListLimit)))
+
+	rows, err := s.rdb.QueryContext(ctx, query.String(), args...)
+	if err != nil {
+		return nil, interpretError("listing keys", err)
+	}
+	recs, err := scanRecords(rows)
+	if err != nil {
+		return nil, interpretError("listing keys", err)
+	}
+	for _, r := range recs {
+		view(r, now)
+	}
+	return recs, nil
+}
+
+// scanRecords reads and closes rows.
+func scanRecords(rows *sql.Rows) ([]*idemstore.Record, error) {
+	defer rows.Close()
+	var recs []*idemstore.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	return recs, rows.Err()
+}
