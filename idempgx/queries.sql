@@ -65,10 +65,15 @@ WITH ins AS (
         updated_at = $6::timestamptz
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
       AND NOT EXISTS (SELECT 1 FROM ins)
-      AND k.state = 'in_progress'
-      AND k.locked_until <= $6::timestamptz
-      AND k.expires_at > $6::timestamptz
-      AND NOT (k.fingerprint = $4::text AND k.lease_expired_state = 'released')
+      -- One CASE, so that the row is always found by its primary key: with
+      -- plain conditions a generic plan made while few leases were in
+      -- progress could scan every expired lease through idem_keys_sweep_idx.
+      AND CASE WHEN k.state = 'in_progress'
+               THEN k.locked_until <= $6::timestamptz
+                    AND k.expires_at > $6::timestamptz
+                    AND NOT (k.fingerprint = $4::text
+                             AND k.lease_expired_state = 'released')
+               ELSE false END
     RETURNING {{columns}}
 )
 SELECT true, * FROM ins
