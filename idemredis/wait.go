@@ -24,15 +24,21 @@ func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
 	k := s.keysOf(id)
 	ps, err := s.subscribe(ctx, k.channel)
 	if err != nil {
+		if ctx.Err() != nil {
+			// go-redis reports a deadline hit while reading as a net error.
+			return ctx.Err()
+		}
 		return fmt.Errorf("waiting for key: %w", err)
 	}
 	defer ps.Close()
 
 	r, err := s.KeyGet(ctx, id)
-	if errors.Is(err, idemstore.ErrNotFound) {
+	switch {
+	case errors.Is(err, idemstore.ErrNotFound):
 		return nil
-	}
-	if err != nil {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
 		return fmt.Errorf("waiting for key: %w", err)
 	}
 	if r.State != idemstore.StateInProgress {
