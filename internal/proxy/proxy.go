@@ -1,0 +1,216 @@
+// Package proxy is the handler behind `idem proxy`: a reverse proxy that
+// forwards every request faithfully to one upstream and copies the answer
+// back.
+//
+// The upstream call is the handler the idem middleware protects, so it runs
+// to completion even when the client hangs up: the outbound request uses a
+// context detached from the client's, bounded by Config.Timeout. Nothing is
+// retried here; retries are the client's, made safe by the middleware.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Default settings of Config.
+const (
+	DefaultTimeout         = 60 * time.Second
+	DefaultProblemTypeBase = "https://idem.dev/problems/"
+)
+
+// Problem codes of the answers the proxy makes itself.
+const (
+	// CodeUpstreamUnavailable answers 502 when the upstream could not be
+	// reached or broke the exchange.
+	CodeUpstreamUnavailable = "upstream-unavailable"
+	// CodeUpstreamTimeout answers 504 when the upstream did not answer within
+	// Config.Timeout.
+	CodeUpstreamTimeout = "upstream-timeout"
+)
+
+// Config configures the proxy. A nil *Config means all defaults.
+type Config struct {
+	// Timeout bounds each upstream exchange, from sending the request to the
+	// end of the response body. Defaults to DefaultTimeout.
+	Timeout time.Duration
+	// Transport sends the upstream requests. Defaults to a clone of
+	// http.DefaultTransport that keeps more idle connections per host.
+	Transport http.RoundTripper
+	// OnUncertain is called, before the error answer is written, when the
+	// upstream exchange failed after the request may have reached the
+	// upstream (a timeout, a connection broken after sending): the
+	// upstream's effect may or may not have happened. The idem command marks
+	// the key's outcome unknown there. It is not called when the request
+	// certainly never left (the connection could not be made). Defaults to
+	// doing nothing, so the 5xx answer releases the key.
+	OnUncertain func(r *http.Request, err error)
+	// ProblemTypeBase prefixes the problem code to form the problem+json
+	// "type" URI. Defaults to DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// Logger receives upstream failures. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		t.MaxIdleConns = 1024
+		cfg.Transport = t
+	}
+	if cfg.ProblemTypeBase == "" {
+		cfg.ProblemTypeBase = DefaultProblemTypeBase
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// Handler forwards requests to the upstream. Create it with New.
+type Handler struct {
+	cfg      Config
+	upstream *url.URL
+	rp       *httputil.ReverseProxy
+}
+
+// New returns a handler that forwards every request to upstream, an absolute
+// http or https URL whose path, if any, prefixes the request's path and whose
+// query, if any, is joined to the request's query.
+func New(upstream *url.URL, cfg *Config) *Handler {
+	h := &Handler{cfg: cfg.withDefaults(), upstream: upstream}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:      h.rewrite,
+		Transport:    h.cfg.Transport,
+		ErrorHandler: h.fail,
+	}
+	return h
+}
+
+// ServeHTTP forwards r to the upstream and copies the answer to w. The
+// upstream request does not end when the client hangs up; it ends with the
+// upstream's answer or after Config.Timeout.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The detached context keeps the request's values (the middleware's
+	// state) and drops its cancellation. Its deadline also keeps
+	// ReverseProxy from watching CloseNotify, which would cancel on hang-up.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.Timeout)
+	defer cancel()
+	h.rp.ServeHTTP(flushGate{w}, r.WithContext(ctx))
+}
+
+// CloseIdleConnections closes the idle upstream connections, when the
+// transport can.
+func (h *Handler) CloseIdleConnections() {
+	if t, ok := h.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// rewrite builds the outbound request. ReverseProxy has already removed the
+// hop-by-hop headers (RFC 9110 §7.6.1, and those the Connection header
+// names) and the client's forwarding headers.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(h.upstream)
+	// ReverseProxy drops query parameters it cannot parse (a ";" in the
+	// query); the upstream gets the query exactly as the client sent it.
+	pr.Out.URL.RawQuery = joinQuery(h.upstream.RawQuery, pr.In.URL.RawQuery)
+	// X-Forwarded-For: append the client's address to what it arrived with.
+	if prior := pr.In.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+		pr.Out.Header["X-Forwarded-For"] = prior
+	}
+	if fwd := pr.In.Header.Values("Forwarded"); len(fwd) > 0 {
+		pr.Out.Header["Forwarded"] = fwd
+	}
+	pr.SetXForwarded()
+}
+
+func joinQuery(a, b string) string {
+	if a == "" || b == "" {
+		return a + b
+	}
+	return a + "&" + b
+}
+
+// fail answers a failed upstream exchange with a problem+json 502 or 504.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached."
+	if errors.Is(err, context.DeadlineExceeded) {
+		status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time."
+	}
+	sent := !neverSent(err)
+	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request failed",
+		slog.String("method", r.Method),
+		slog.String("upstream", h.upstream.Redacted()),
+		slog.Bool("maybe_sent", sent),
+		slog.Int("status", status),
+		slog.String("error", err.Error()),
+	)
+	if sent && h.cfg.OnUncertain != nil {
+		h.cfg.OnUncertain(r, err)
+	}
+	writeProblem(w, h.cfg.ProblemTypeBase, status, code, detail)
+}
+
+// neverSent reports whether err proves the request never reached the
+// upstream: the connection could not be made.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// writeProblem writes an RFC 9457 problem+json answer. The fields are fixed
+// strings, so no escaping is needed beyond what strconv.Quote does.
+func writeProblem(w http.ResponseWriter, typeBase string, status int, code, detail string) {
+	body := `{"type":` + strconv.Quote(typeBase+code) +
+		`,"title":` + strconv.Quote(http.StatusText(status)) +
+		`,"status":` + strconv.Itoa(status) +
+		`,"detail":` + strconv.Quote(detail) +
+		`,"code":` + strconv.Quote(code) + "}\n"
+	hdr := w.Header()
+	clear(hdr)
+	hdr.Set("Content-Type", "application/problem+json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}
+
+// flushGate lets ReverseProxy flush only event streams. ReverseProxy flushes
+// after every write when the upstream's answer has no Content-Length, and the
+// middleware must treat a flushed answer as streamed, hence not replayable.
+// Buffering such answers keeps an ordinary chunked answer replayable; the
+// server still sends a large body as it fills its buffer.
+type flushGate struct{ http.ResponseWriter }
+
+// FlushError flushes when the answer is an event stream, and does nothing
+// otherwise. http.ResponseController finds it before Unwrap.
+func (w flushGate) FlushError() error {
+	if !isEventStream(w.Header().Get("Content-Type")) {
+		return nil
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the writer's other features.
+func (w flushGate) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func isEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
