@@ -105,8 +105,7 @@ func (s *Store) Migrate(ctx context.Context) ([]Migration, error) {
 			if _, err := tx.Exec(ctx, expand(m.up, s.schema, s.channel)); err != nil {
 				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO "+s.schema+".idem_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-				m.Version, m.Name, now)
+			_, err := tx.Exec(ctx, s.q.recordMigration, m.Version, m.Name, now)
 			if err != nil {
 				return fmt.Errorf("recording %03d_%s: %w", m.Version, m.Name, err)
 			}
@@ -134,7 +133,7 @@ func (s *Store) MigrateDown(ctx context.Context) (*Migration, error) {
 			if _, err := tx.Exec(ctx, expand(m.down, s.schema, s.channel)); err != nil {
 				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
 			}
-			_, err := tx.Exec(ctx, "DELETE FROM "+s.schema+".idem_migrations WHERE version = $1", m.Version)
+			_, err := tx.Exec(ctx, s.q.unrecordMigration, m.Version)
 			if err != nil {
 				return fmt.Errorf("unrecording %03d_%s: %w", m.Version, m.Name, err)
 			}
@@ -167,27 +166,19 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]Migration, error) {
 // and has the schema and the migrations table in place.
 func (s *Store) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[int]time.Time) error) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.migrationLockID()); err != nil {
+		if _, err := tx.Exec(ctx, s.q.migrateLock, s.migrationLockID()); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
 		}
-		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when
-		// the schema exists; ask first.
 		var exists bool
-		err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.cfg.Schema).Scan(&exists)
-		if err != nil {
+		if err := tx.QueryRow(ctx, s.q.schemaExists, s.cfg.Schema).Scan(&exists); err != nil {
 			return err
 		}
 		if !exists {
-			if _, err := tx.Exec(ctx, "CREATE SCHEMA "+s.schema); err != nil {
+			if _, err := tx.Exec(ctx, s.q.createSchema); err != nil {
 				return fmt.Errorf("creating schema: %w", err)
 			}
 		}
-		_, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.schema+`.idem_migrations (
-    version    integer     NOT NULL CONSTRAINT idem_migrations_pkey PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL
-)`)
-		if err != nil {
+		if _, err := tx.Exec(ctx, s.q.createMigrationsTable); err != nil {
 			return fmt.Errorf("creating the migrations table: %w", err)
 		}
 		applied, err := s.appliedMigrations(ctx, tx)
@@ -200,16 +191,15 @@ func (s *Store) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[int
 
 // appliedMigrations reads the migrations table; none when it is missing.
 func (s *Store) appliedMigrations(ctx context.Context, q querier) (map[int]time.Time, error) {
-	var table *string
-	err := q.QueryRow(ctx, "SELECT to_regclass($1)::text", s.schema+".idem_migrations").Scan(&table)
-	if err != nil {
+	var exists bool
+	if err := q.QueryRow(ctx, s.q.migrationsTableExists, s.cfg.Schema).Scan(&exists); err != nil {
 		return nil, err
 	}
 	applied := make(map[int]time.Time)
-	if table == nil {
+	if !exists {
 		return applied, nil
 	}
-	rows, err := q.Query(ctx, "SELECT version, applied_at FROM "+s.schema+".idem_migrations")
+	rows, err := q.Query(ctx, s.q.appliedMigrations)
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,15 @@ package idempgx
 import (
 	"embed"
 	"fmt"
+	"maps"
 	"strings"
 )
 
 //go:embed queries.sql
 var queriesSQL string
+
+//go:embed migrate.sql
+var migrateSQL string
 
 //go:embed migrations/*.sql
 var migrationsFS embed.FS
@@ -27,6 +31,10 @@ const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
 type queries struct {
 	reserve, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
+
+	migrateLock, schemaExists, createSchema, createMigrationsTable,
+	migrationsTableExists, appliedMigrations, recordMigration,
+	unrecordMigration string
 }
 
 // expand fills the placeholders of queries.sql and of the migrations: the
@@ -69,10 +77,11 @@ func parseQueries(src string) map[string]string {
 // notification channel.
 func loadQueries(schema, channel string) *queries {
 	m := parseQueries(queriesSQL)
+	maps.Copy(m, parseQueries(migrateSQL))
 	q := func(name string) string {
 		sql, ok := m[name]
 		if !ok {
-			panic(fmt.Sprintf("idempgx: queries.sql has no statement %q", name))
+			panic(fmt.Sprintf("idempgx: no statement %q in queries.sql or migrate.sql", name))
 		}
 		return expand(sql, schema, channel)
 	}
@@ -90,5 +99,14 @@ func loadQueries(schema, channel string) *queries {
 		reap:        q("reap"),
 		list:        q("list"),
 		wait:        q("wait"),
+
+		migrateLock:           q("migrate_lock"),
+		schemaExists:          q("schema_exists"),
+		createSchema:          q("create_schema"),
+		createMigrationsTable: q("create_migrations_table"),
+		migrationsTableExists: q("migrations_table_exists"),
+		appliedMigrations:     q("applied_migrations"),
+		recordMigration:       q("record_migration"),
+		unrecordMigration:     q("unrecord_migration"),
 	}
 }
