@@ -1,0 +1,136 @@
+package idemmaint
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Default values of the Config fields.
+const (
+	DefaultSweepInterval     = 10 * time.Second
+	DefaultReapInterval      = time.Minute
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultBatchSize         = 1000
+	DefaultScanLimit         = 10000
+	DefaultPassTimeout       = 30 * time.Second
+	DefaultBatchPause        = 10 * time.Millisecond
+	DefaultBackoffBase       = 30 * time.Second
+	DefaultBackoffMax        = time.Hour
+)
+
+// Config configures a Maintainer. A nil *Config means all defaults.
+type Config struct {
+	// SweepInterval is the time between two sweeps of expired leases.
+	// Defaults to 10 seconds.
+	SweepInterval time.Duration
+	// ReapInterval is the time between two reaps of records past their
+	// retention. Defaults to 1 minute.
+	ReapInterval time.Duration
+	// ReconcileInterval is the time between two reconciliation passes.
+	// Defaults to 30 seconds.
+	ReconcileInterval time.Duration
+	// BatchSize bounds the records one store call sweeps, reaps or lists.
+	// Defaults to 1000.
+	BatchSize int
+	// ScanLimit bounds the records one reconciliation pass lists (the
+	// unknown backlog it looks at) and the in_progress records it inspects
+	// to measure Stats.OldestInProgress. Defaults to 10000.
+	ScanLimit int
+	// PassTimeout bounds each pass of each job; a pass that runs out of time
+	// stops and the next one carries on. Defaults to 30 seconds.
+	PassTimeout time.Duration
+	// BatchPause is the pause between two batches of one background pass,
+	// which lets live traffic reach the store between them. Sweep, Reap,
+	// Reconcile and RunOnce do not pause. A negative value disables it.
+	// Defaults to 10 milliseconds.
+	BatchPause time.Duration
+
+	// Reconcile settles one unknown record, typically by asking the
+	// downstream whether the operation with the record's derived key
+	// happened (idem.DeriveKey). It returns StateCompleted (with the
+	// response to replay, or nil for a record that is not replayable) or
+	// StateReleased, or an empty Resolution when it cannot tell yet; an
+	// error or a panic counts as unresolved. It is called from one
+	// goroutine, one record at a time, with the pass's context. Defaults to
+	// nil: unknown records are only counted (Stats.UnknownBacklog), never
+	// resolved.
+	Reconcile func(ctx context.Context, rec *idemstore.Record) (Resolution, error)
+	// ReconcileBackoff spaces the attempts at an unresolved record.
+	// Defaults to a Base of 30 seconds and a Max of 1 hour.
+	ReconcileBackoff Backoff
+
+	// Logger receives the maintainer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock: records' ages and the reconciler's backoff are
+	// measured on it (the store has its own clock). Defaults to time.Now.
+	Now func() time.Time
+
+	// OnSweep, when set, is called after every sweep pass with the number
+	// of records swept and the pass's error. Defaults to nil.
+	OnSweep func(n int, err error)
+	// OnReap, when set, is called after every reap pass with the number of
+	// records deleted and the pass's error. Defaults to nil.
+	OnReap func(n int, err error)
+	// OnReconcile, when set, is called after every reconciliation pass with
+	// its result and error. Defaults to nil.
+	OnReconcile func(res ReconcileResult, err error)
+}
+
+// Backoff is an exponential backoff with jitter: the n-th retry of a record
+// waits between half and all of min(Base·2^(n-1), Max).
+type Backoff struct {
+	// Base is the full delay before the first retry. Defaults to 30 seconds.
+	Base time.Duration
+	// Max caps the delay. Defaults to 1 hour (or Base, if Base is larger).
+	Max time.Duration
+}
+
+// withDefaults returns a copy of cfg (which may be nil) with every zero field
+// set to its default. It is the only place defaults are applied.
+func (cfg *Config) withDefaults() Config {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.ReapInterval <= 0 {
+		c.ReapInterval = DefaultReapInterval
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.ScanLimit <= 0 {
+		c.ScanLimit = DefaultScanLimit
+	}
+	if c.PassTimeout <= 0 {
+		c.PassTimeout = DefaultPassTimeout
+	}
+	switch {
+	case c.BatchPause == 0:
+		c.BatchPause = DefaultBatchPause
+	case c.BatchPause < 0:
+		c.BatchPause = 0
+	}
+	if c.ReconcileBackoff.Base <= 0 {
+		c.ReconcileBackoff.Base = DefaultBackoffBase
+	}
+	if c.ReconcileBackoff.Max <= 0 {
+		c.ReconcileBackoff.Max = DefaultBackoffMax
+	}
+	c.ReconcileBackoff.Max = max(c.ReconcileBackoff.Max, c.ReconcileBackoff.Base)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}

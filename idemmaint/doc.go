@@ -1,0 +1,30 @@
+// Package idemmaint runs the background maintenance of an idem store: the
+// sweeper, the reaper and the reconciler of SPEC section 6.
+//
+//   - The sweeper turns in_progress records whose lease expired into their
+//     lease-expired state (unknown, or released in transactional mode) and
+//     logs each one.
+//   - The reaper deletes records past their retention in bounded batches, one
+//     statement per batch, so live traffic is never blocked behind a long
+//     delete.
+//   - The reconciler hands every unknown record to a function the
+//     application supplies (Config.Reconcile), which asks the downstream by
+//     the derived key whether the effect happened, and settles the record to
+//     completed or released with a write fenced on the record's token.
+//     Records it cannot resolve yet are retried with exponential backoff and
+//     jitter, logged at warn with their attempt count and counted in Stats.
+//
+// Library users run a Maintainer in their own process:
+//
+//	m := idemmaint.New(store, &idemmaint.Config{Reconcile: reconcile})
+//	if err := m.Start(ctx); err != nil { ... }
+//	defer m.Stop()
+//
+// Several maintainers may run against one shared store: sweeping, reaping
+// and resolving are single fenced statements, so a record settled by one
+// maintainer is skipped by the others (the loser logs it at info).
+//
+// Logs never carry a raw idempotency key: records are named by key_hash, a
+// short SHA-256 of their scope, endpoint and key (the same hash the
+// middleware logs), with their endpoint and scope.
+package idemmaint
