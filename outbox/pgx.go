@@ -1,0 +1,344 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PgxStore is the outbox on PostgreSQL through pgx v5. It is safe for
+// concurrent use.
+//
+// Its tables are found through the connection's search_path: to keep them
+// in a schema of their own, set search_path in the pool's configuration
+// (pgxpool.Config.ConnConfig.RuntimeParams).
+type PgxStore struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	q    *queries
+}
+
+var _ Store = (*PgxStore)(nil)
+
+// NewPgx returns the outbox store on pool, which the caller owns. cfg may
+// be nil. Call Migrate before use.
+func NewPgx(pool *pgxpool.Pool, cfg *Config) *PgxStore {
+	return &PgxStore{pool: pool, cfg: cfg.withDefaults(), q: postgresQueries}
+}
+
+func (s *PgxStore) now() time.Time { return micro(s.cfg.Now()) }
+
+// pgxQuerier is what a pool, a connection and a transaction have in common.
+type pgxQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Enqueue inserts m in the caller's transaction and returns its id: the
+// message exists if and only if tx commits. AvailableAt defaults to now.
+// It returns ErrInvalidMessage for a message that breaks the table's rules
+// and ErrDuplicate when the topic and key were already enqueued (the
+// transaction is then aborted, as after any failed statement).
+func (s *PgxStore) Enqueue(ctx context.Context, tx pgx.Tx, m Message) (int64, error) {
+	if err := m.validate(); err != nil {
+		return 0, err
+	}
+	now := s.now()
+	avail := orNow(m.AvailableAt, s.cfg.Now)
+	var id int64
+	err := tx.QueryRow(ctx, s.q.enqueue, m.Topic, string(m.Payload), m.IdempotencyKey, avail, now).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("enqueuing message: %w", interpretPgxError(err))
+	}
+	return id, nil
+}
+
+// EnqueuePgx is PgxStore.Enqueue with the wall clock, for callers that hold
+// a transaction but no store.
+func EnqueuePgx(ctx context.Context, tx pgx.Tx, m Message) (int64, error) {
+	return NewPgx(nil, nil).Enqueue(ctx, tx, m)
+}
+
+// MessageClaim implements Store.
+func (s *PgxStore) MessageClaim(ctx context.Context, p *ClaimParams) ([]*Message, error) {
+	now := orNow(p.Now, s.cfg.Now)
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultClaimLimit
+	}
+	msgs, err := s.query(ctx, s.q.claim, now, micro(p.ClaimedUntil), limit)
+	if err != nil {
+		return nil, fmt.Errorf("claiming messages: %w", err)
+	}
+	sortDue(msgs)
+	return msgs, nil
+}
+
+// MessageFinish implements Store.
+func (s *PgxStore) MessageFinish(ctx context.Context, p *FinishParams) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	now := orNow(p.Now, s.cfg.Now)
+	avail := p.AvailableAt
+	if avail.IsZero() {
+		avail = now
+	}
+	var lastErr *string
+	if p.LastError != "" {
+		lastErr = &p.LastError
+	}
+	tag, err := s.pool.Exec(ctx, s.q.finish, p.ID, p.Attempt, string(p.State), micro(avail), lastErr, now)
+	if err != nil {
+		return fmt.Errorf("finishing message %d: %w", p.ID, interpretPgxError(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("finishing message %d: %w", p.ID, ErrClaimLost)
+	}
+	return nil
+}
+
+// MessageUnclaim implements Store.
+func (s *PgxStore) MessageUnclaim(ctx context.Context, p *UnclaimParams) error {
+	now := orNow(p.Now, s.cfg.Now)
+	tag, err := s.pool.Exec(ctx, s.q.unclaim, p.ID, p.Attempt, now)
+	if err != nil {
+		return fmt.Errorf("unclaiming message %d: %w", p.ID, interpretPgxError(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("unclaiming message %d: %w", p.ID, ErrClaimLost)
+	}
+	return nil
+}
+
+// MessageGet implements Store.
+func (s *PgxStore) MessageGet(ctx context.Context, id int64) (*Message, error) {
+	msgs, err := s.query(ctx, s.q.get, id)
+	if err != nil {
+		return nil, fmt.Errorf("reading message %d: %w", id, err)
+	}
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("reading message %d: %w", id, ErrNotFound)
+	}
+	return msgs[0], nil
+}
+
+// MessageRedrive implements Store.
+func (s *PgxStore) MessageRedrive(ctx context.Context, id int64) error {
+	tag, err := s.pool.Exec(ctx, s.q.redrive, id, s.now())
+	if err != nil {
+		return fmt.Errorf("redriving message %d: %w", id, interpretPgxError(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("redriving message %d: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// MessagePrune implements Store.
+func (s *PgxStore) MessagePrune(ctx context.Context, p *PruneParams) (int, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultPruneLimit
+	}
+	tag, err := s.pool.Exec(ctx, s.q.prune, micro(p.Before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("pruning messages: %w", interpretPgxError(err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// MessageCounts implements Store.
+func (s *PgxStore) MessageCounts(ctx context.Context) (map[State]int, error) {
+	rows, err := s.pool.Query(ctx, s.q.counts)
+	if err != nil {
+		return nil, fmt.Errorf("counting messages: %w", interpretPgxError(err))
+	}
+	counts := make(map[State]int)
+	var st string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error {
+		counts[State(st)] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("counting messages: %w", interpretPgxError(err))
+	}
+	return counts, nil
+}
+
+// query runs a statement that returns message rows.
+func (s *PgxStore) query(ctx context.Context, sql string, args ...any) ([]*Message, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, interpretPgxError(err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Message, error) {
+		var (
+			m       Message
+			state   string
+			claimed *time.Time
+			lastErr *string
+		)
+		err := row.Scan(&m.ID, &m.Topic, &m.Payload, &m.IdempotencyKey, &state, &m.Attempts,
+			&m.AvailableAt, &claimed, &lastErr, &m.CreatedAt, &m.UpdatedAt)
+		if err != nil {
+			return nil, err
+		}
+		m.State = State(state)
+		if claimed != nil {
+			m.ClaimedUntil = claimed.UTC()
+		}
+		if lastErr != nil {
+			m.LastError = *lastErr
+		}
+		m.AvailableAt = m.AvailableAt.UTC()
+		m.CreatedAt = m.CreatedAt.UTC()
+		m.UpdatedAt = m.UpdatedAt.UTC()
+		return &m, nil
+	})
+	if err != nil {
+		return nil, interpretPgxError(err)
+	}
+	return msgs, nil
+}
+
+// interpretPgxError maps pgx's errors to the package's sentinels; others are
+// returned unchanged.
+func interpretPgxError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idem_outbox_topic_idempotency_key_key" {
+		return fmt.Errorf("%w: %w", ErrDuplicate, err)
+	}
+	return err
+}
+
+// Migrate applies the pending migrations in the first schema of the
+// search_path and returns those it applied. It runs in one transaction
+// under an advisory lock, so processes that start at once apply each
+// migration once.
+func (s *PgxStore) Migrate(ctx context.Context) ([]Migration, error) {
+	var done []Migration
+	err := s.migrateTx(ctx, func(tx pgx.Tx, applied map[int]time.Time) error {
+		now := s.now()
+		for _, m := range postgresMigrations {
+			if _, ok := applied[m.Version]; ok {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.up); err != nil {
+				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO idem_outbox_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+				m.Version, m.Name, now)
+			if err != nil {
+				return fmt.Errorf("recording %03d_%s: %w", m.Version, m.Name, err)
+			}
+			m.Applied, m.AppliedAt = true, now
+			done = append(done, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrating up: %w", err)
+	}
+	return done, nil
+}
+
+// MigrateDown reverts the latest applied migration and returns it, or nil
+// when none is applied.
+func (s *PgxStore) MigrateDown(ctx context.Context) (*Migration, error) {
+	var reverted *Migration
+	err := s.migrateTx(ctx, func(tx pgx.Tx, applied map[int]time.Time) error {
+		for i := len(postgresMigrations) - 1; i >= 0; i-- {
+			m := postgresMigrations[i]
+			if _, ok := applied[m.Version]; !ok {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.down); err != nil {
+				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM idem_outbox_migrations WHERE version = $1", m.Version); err != nil {
+				return fmt.Errorf("unrecording %03d_%s: %w", m.Version, m.Name, err)
+			}
+			reverted = &m
+			return nil
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrating down: %w", err)
+	}
+	return reverted, nil
+}
+
+// MigrationStatus returns every embedded migration with its state in the
+// database. It writes nothing.
+func (s *PgxStore) MigrationStatus(ctx context.Context) ([]Migration, error) {
+	applied, err := readPgxApplied(ctx, s.pool)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading migration status: %w", err)
+	}
+	return withStatus(postgresMigrations, applied), nil
+}
+
+// migrateTx runs f in a transaction that holds the schema's migration lock
+// and has the migrations table in place.
+func (s *PgxStore) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[int]time.Time) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var schema *string
+		if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+			return err
+		}
+		if schema == nil {
+			return errors.New("no schema of the search_path exists")
+		}
+		h := fnv.New64a()
+		h.Write([]byte("outbox.migrate\x00" + *schema))
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
+			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_outbox_migrations (
+    version    integer     NOT NULL CONSTRAINT idem_outbox_migrations_pkey PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL
+)`)
+		if err != nil {
+			return fmt.Errorf("creating the migrations table: %w", err)
+		}
+		applied, err := readPgxApplied(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return f(tx, applied)
+	})
+}
+
+// readPgxApplied reads the migrations table; none when it is missing.
+func readPgxApplied(ctx context.Context, q pgxQuerier) (map[int]time.Time, error) {
+	applied := make(map[int]time.Time)
+	var table *string
+	if err := q.QueryRow(ctx, "SELECT to_regclass('idem_outbox_migrations')::text").Scan(&table); err != nil {
+		return nil, err
+	}
+	if table == nil {
+		return applied, nil
+	}
+	rows, err := q.Query(ctx, "SELECT version, applied_at FROM idem_outbox_migrations")
+	if err != nil {
+		return nil, err
+	}
+	var v int
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&v, &at}, func() error {
+		applied[v] = at.UTC()
+		return nil
+	})
+	return applied, err
+}

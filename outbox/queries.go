@@ -1,0 +1,87 @@
+package outbox
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+//go:embed queries/postgres.sql
+var postgresSQL string
+
+//go:embed queries/sqlite.sql
+var sqliteSQL string
+
+//go:embed migrations/postgres/*.sql migrations/sqlite/*.sql
+var migrationsFS embed.FS
+
+// queries are one dialect's statements.
+type queries struct {
+	enqueue, claim, finish, unclaim, get, redrive, prune, counts string
+}
+
+// parseQueries splits a queries file at its "-- name: X" lines and fills in
+// the {{columns}} placeholder.
+func parseQueries(src, columns string) (*queries, error) {
+	m := make(map[string]string)
+	var name string
+	var b strings.Builder
+	flush := func() {
+		if name != "" {
+			m[name] = strings.ReplaceAll(strings.TrimSpace(b.String()), "{{columns}}", columns)
+		}
+		b.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	flush()
+	var err error
+	q := func(name string) string {
+		sql, ok := m[name]
+		if !ok && err == nil {
+			err = fmt.Errorf("no statement %q", name)
+		}
+		return sql
+	}
+	out := &queries{
+		enqueue: q("enqueue"),
+		claim:   q("claim"),
+		finish:  q("finish"),
+		unclaim: q("unclaim"),
+		get:     q("get"),
+		redrive: q("redrive"),
+		prune:   q("prune"),
+		counts:  q("counts"),
+	}
+	return out, err
+}
+
+func mustParseQueries(dialect, src, columns string) *queries {
+	q, err := parseQueries(src, columns)
+	if err != nil {
+		panic(fmt.Sprintf("outbox: queries/%s.sql: %v", dialect, err))
+	}
+	return q
+}
+
+// The column lists scanMessage reads, in its order. PostgreSQL's claim joins
+// another relation, so its columns are qualified.
+const (
+	postgresColumns = `o.id, o.topic, o.payload, o.idempotency_key, o.state, o.attempts,
+    o.available_at, o.claimed_until, o.last_error, o.created_at, o.updated_at`
+	sqliteColumns = `id, topic, payload, idempotency_key, state, attempts,
+    available_at, claimed_until, last_error, created_at, updated_at`
+)
+
+var (
+	postgresQueries = mustParseQueries("postgres", postgresSQL, postgresColumns)
+	sqliteQueries   = mustParseQueries("sqlite", sqliteSQL, sqliteColumns)
+)

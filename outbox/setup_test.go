@@ -1,0 +1,245 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/idem-dev/idem/idemtest"
+	"github.com/idem-dev/idem/internal/testenv"
+
+	_ "modernc.org/sqlite"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// epoch is where every test clock starts.
+var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// bundle is what every store test gets: a migrated store of one dialect, its
+// clock, and helpers that enqueue in a real transaction.
+type bundle struct {
+	name  string
+	store Store
+	clock *idemtest.Clock
+	ctx   context.Context
+	// enqueue runs Enqueue in a transaction and commits (or rolls back when
+	// commit is false).
+	enqueue func(t *testing.T, m Message, commit bool) (int64, error)
+	// exec runs a statement outside the store.
+	exec func(sql string, args ...any) error
+	// migrator is the store's migrations API.
+	migrator migrator
+	// newStore returns another store on the same database (another relay's
+	// view), with its own connections where the dialect allows.
+	newStore func(t *testing.T) Store
+}
+
+type migrator interface {
+	Migrate(ctx context.Context) ([]Migration, error)
+	MigrateDown(ctx context.Context) (*Migration, error)
+	MigrationStatus(ctx context.Context) ([]Migration, error)
+}
+
+// forEachStore runs f against a fresh SQLite file and a fresh PostgreSQL
+// schema, in parallel.
+func forEachStore(t *testing.T, f func(t *testing.T, b *bundle)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		f(t, setupSQLite(t))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		f(t, setupPostgres(t))
+	})
+}
+
+// openSQLite opens path as idemsqlite.Open would: WAL, a busy timeout and
+// IMMEDIATE transactions.
+func openSQLite(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	q := url.Values{}
+	q.Set("_busy_timeout", "10000")
+	q.Set("_journal_mode", "WAL")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func setupSQLite(t *testing.T) *bundle {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	db := openSQLite(t, path)
+	clock := idemtest.NewClock(epoch)
+	s := NewSQLite(db, &Config{Now: clock.Now})
+	ctx := context.Background()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return &bundle{
+		name:     "sqlite",
+		store:    s,
+		clock:    clock,
+		ctx:      ctx,
+		migrator: s,
+		enqueue: func(t *testing.T, m Message, commit bool) (int64, error) {
+			t.Helper()
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			id, err := s.Enqueue(ctx, tx, m)
+			if err != nil {
+				return 0, err
+			}
+			if commit {
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return id, nil
+		},
+		exec: func(q string, args ...any) error {
+			_, err := db.ExecContext(ctx, q, args...)
+			return err
+		},
+		newStore: func(t *testing.T) Store {
+			return NewSQLite(openSQLite(t, path), &Config{Now: clock.Now})
+		},
+	}
+}
+
+// newPgxPool returns a pool whose search_path is a new schema, dropped when
+// the test ends.
+func newPgxPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	raw := testenv.PostgresURL(t)
+	ctx := context.Background()
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "outbox_test_" + hex.EncodeToString(b)
+
+	admin, err := pgx.Connect(ctx, raw)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", raw, err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close(ctx)
+		t.Fatalf("creating schema: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+		admin.Close(ctx)
+	})
+	return pool
+}
+
+func setupPostgres(t *testing.T) *bundle {
+	t.Helper()
+	pool := newPgxPool(t)
+	clock := idemtest.NewClock(epoch)
+	s := NewPgx(pool, &Config{Now: clock.Now})
+	ctx := context.Background()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return &bundle{
+		name:     "postgres",
+		store:    s,
+		clock:    clock,
+		ctx:      ctx,
+		migrator: s,
+		enqueue: func(t *testing.T, m Message, commit bool) (int64, error) {
+			t.Helper()
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			id, err := s.Enqueue(ctx, tx, m)
+			if err != nil {
+				return 0, err
+			}
+			if commit {
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return id, nil
+		},
+		exec: func(q string, args ...any) error {
+			_, err := pool.Exec(ctx, q, args...)
+			return err
+		},
+		newStore: func(t *testing.T) Store {
+			return NewPgx(pool, &Config{Now: clock.Now})
+		},
+	}
+}
+
+// message returns a valid message with key k.
+func message(k string) Message {
+	return Message{Topic: "provider.charge", Payload: []byte(`{"amount_cents":1250}`), IdempotencyKey: k}
+}
+
+// mustEnqueue enqueues and commits m.
+func (b *bundle) mustEnqueue(t *testing.T, m Message) int64 {
+	t.Helper()
+	id, err := b.enqueue(t, m, true)
+	if err != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	return id
+}
+
+// get reads a message and fails the test on error.
+func (b *bundle) get(t *testing.T, id int64) *Message {
+	t.Helper()
+	m, err := b.store.MessageGet(b.ctx, id)
+	if err != nil {
+		t.Fatalf("MessageGet(%d): %v", id, err)
+	}
+	return m
+}
+
+// claim claims with the bundle's clock and a one-minute claim.
+func (b *bundle) claim(t *testing.T, limit int) []*Message {
+	t.Helper()
+	now := b.clock.Now()
+	msgs, err := b.store.MessageClaim(b.ctx, &ClaimParams{Limit: limit, Now: now, ClaimedUntil: now.Add(time.Minute)})
+	if err != nil {
+		t.Fatalf("MessageClaim: %v", err)
+	}
+	return msgs
+}
