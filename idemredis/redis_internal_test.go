@@ -18,14 +18,23 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
-// TestMain stops the Redis Cluster that the tests may have started.
+// TestMain stops the Redis Cluster that the tests may have started, and
+// fails the run when a test left goroutines behind (a KeyWait subscription
+// or a client not closed).
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testCluster.stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
