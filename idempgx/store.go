@@ -12,6 +12,9 @@
 //
 // Time comes from the store's clock (Config.Now) and is passed to every
 // statement; the server's now() is never used.
+//
+// The store implements idemstore.Waiter with LISTEN/NOTIFY on a connection of
+// its own, started by the first KeyWait and stopped by Close.
 package idempgx
 
 import (
@@ -132,6 +135,8 @@ func (s *Store) now() time.Time {
 // snapshot was taken blocks this statement's writes but is invisible to its
 // read. The statement then returns no row, or the record as it was before
 // the concurrent change; it is run again, and the next snapshot sees it.
+// Under REPEATABLE READ or SERIALIZABLE (a pool whose default isolation is
+// stricter) the same race is a serialization failure, also run again.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	les := p.LeaseExpiredState
 	if les == "" {
@@ -148,8 +153,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
 			now.Add(p.Lease), now.Add(p.TTL), string(les),
 		).Scan(append([]any{&reserved}, rs.dest()...)...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // inserted by a transaction our snapshot missed
+		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
+			continue // changed by a transaction our snapshot missed
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reserving key: %w", interpretError(err))
@@ -433,6 +438,14 @@ func interpretError(err error) error {
 		return idemstore.ErrNotFound
 	}
 	return err
+}
+
+// retryable reports whether err is a serialization failure or a deadlock,
+// after which the statement may simply run again.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) &&
+		(pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 // recordScan receives one row of {{columns}}.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
@@ -457,5 +458,105 @@ func TestBatchesSkipLockedRows(t *testing.T) {
 	// The in-progress record past its retention goes too.
 	if n, err := b.store.KeyReap(ctx, &idemstore.ReapParams{}); err != nil || n != 1 {
 		t.Fatalf("KeyReap after the lock = %d, %v; want 1", n, err)
+	}
+}
+
+// TestReserveRaceRepeatableRead: on a pool whose transactions default to
+// REPEATABLE READ, the races that READ COMMITTED resolves by re-reading are
+// serialization failures, which KeyReserve runs again.
+func TestReserveRaceRepeatableRead(t *testing.T) {
+	t.Parallel()
+	cfg := testPool(t).Config()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	cfg.MaxConns = 4
+	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
+	s := newTestStore(t, clock.Now)
+	b := &bundle{store: New(p, &Config{Schema: s.cfg.Schema, Now: clock.Now}), clock: clock, ctx: t.Context()}
+	var isolation string
+	if err := p.QueryRow(b.ctx, "SHOW transaction_isolation").Scan(&isolation); err != nil || isolation != "repeatable read" {
+		t.Fatalf("isolation %q, %v; want repeatable read", isolation, err)
+	}
+	w := requireOneWinner(t, b.raceReserve(t, 50, idemstore.StateReleased))
+	if err := b.store.KeyRelease(b.ctx, &idemstore.FinishParams{Identity: testID, Token: w.Token}); err != nil {
+		t.Fatal(err)
+	}
+	requireOneWinner(t, b.raceReserve(t, 50, idemstore.StateReleased))
+}
+
+// TestTxStore: the business writes and the key's completion commit or roll
+// back together through the idemstore.Tx the middleware uses, and a handler
+// finds the pgx.Tx in its context.
+func TestTxStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.store.pool.Exec(b.ctx, "CREATE TABLE "+b.store.schema+".payments (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	b.reserve(t, reserveParams("t1", idemstore.StateReleased))
+	complete := &idemstore.CompleteParams{Identity: testID, Token: "t1", Response: sampleResponse()}
+
+	// run is a transactional request: the handler writes through the
+	// context's transaction, the middleware checkpoints and completes.
+	run := func(commit bool) {
+		t.Helper()
+		var tx idemstore.Tx
+		ctx := idemstore.ContextWithTx(b.ctx, func() (idemstore.Tx, error) {
+			var err error
+			if tx == nil {
+				tx, err = b.store.KeyBeginTx(b.ctx)
+			}
+			return tx, err
+		})
+		ptx, err := TxFromContext(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ptx.Exec(ctx, "INSERT INTO "+b.store.schema+".payments VALUES ('pay_1')"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.KeyCheckpoint(ctx, &idemstore.CheckpointParams{Identity: testID, Token: "t1", RecoveryPoint: "charged"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.KeyComplete(ctx, complete); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatalf("Rollback (after Commit: %v): %v", commit, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatalf("second Rollback: %v", err)
+		}
+	}
+	payments := func() int {
+		t.Helper()
+		var n int
+		if err := b.store.pool.QueryRow(b.ctx, "SELECT count(*) FROM "+b.store.schema+".payments").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	run(false)
+	if rec := b.get(t); rec.State != idemstore.StateInProgress || rec.RecoveryPoint != "" || payments() != 0 {
+		t.Fatalf("after rollback: state %s, recovery point %q, %d payments; want in_progress, none, 0",
+			rec.State, rec.RecoveryPoint, payments())
+	}
+	run(true)
+	if rec := b.get(t); rec.State != idemstore.StateCompleted || rec.RecoveryPoint != "charged" || payments() != 1 {
+		t.Fatalf("after commit: state %s, recovery point %q, %d payments; want completed, charged, 1",
+			rec.State, rec.RecoveryPoint, payments())
+	}
+	if _, err := TxFromContext(b.ctx); !errors.Is(err, idemstore.ErrNoTx) {
+		t.Fatalf("TxFromContext outside a transactional request: %v, want ErrNoTx", err)
 	}
 }

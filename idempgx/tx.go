@@ -2,12 +2,79 @@ package idempgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem/idemstore"
 )
+
+var _ idemstore.TxStore = (*Store)(nil)
+
+// KeyBeginTx begins a business transaction on the store's pool for the
+// middleware's transactional mode: the handler's writes, the outbox rows and
+// the key's completion commit together (idemstore.TxStore).
+func (s *Store) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("beginning transaction: %w", err)
+	}
+	return &Tx{s: s, tx: tx}, nil
+}
+
+// Tx is a business transaction begun by KeyBeginTx. It implements
+// idemstore.Tx; handlers reach the pgx.Tx through TxFromContext.
+type Tx struct {
+	s  *Store
+	tx pgx.Tx
+}
+
+// KeyComplete is CompleteTx in this transaction.
+func (t *Tx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	return t.s.CompleteTx(ctx, t.tx, p)
+}
+
+// KeyCheckpoint is CheckpointTx in this transaction.
+func (t *Tx) KeyCheckpoint(ctx context.Context, p *idemstore.CheckpointParams) error {
+	return t.s.CheckpointTx(ctx, t.tx, p.Identity, p.Token, p.RecoveryPoint)
+}
+
+// Commit commits the transaction.
+func (t *Tx) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing transaction: %w", err)
+	}
+	return nil
+}
+
+// Rollback rolls the transaction back; after Commit or Rollback it does
+// nothing.
+func (t *Tx) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("rolling back transaction: %w", err)
+	}
+	return nil
+}
+
+// Driver returns the pgx.Tx.
+func (t *Tx) Driver() any { return t.tx }
+
+// TxFromContext returns the business transaction of a request in
+// transactional mode, beginning it on first use, or idemstore.ErrNoTx. The
+// handler writes through it; the middleware completes the key in it and
+// commits.
+func TxFromContext(ctx context.Context) (pgx.Tx, error) {
+	tx, err := idemstore.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ptx, ok := tx.Driver().(pgx.Tx)
+	if !ok {
+		return nil, fmt.Errorf("idempgx: the request's transaction is a %T, not a pgx.Tx", tx.Driver())
+	}
+	return ptx, nil
+}
 
 // CompleteTx is KeyComplete inside the caller's transaction: the completion
 // commits or rolls back with the business writes (transactional mode). It
