@@ -1,0 +1,458 @@
+package idemmaint
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// fixed returns a reconciler that always answers r and records the records
+// it was asked about.
+type fixed struct {
+	mu    sync.Mutex
+	asked []*idemstore.Record
+	r     Resolution
+}
+
+func (f *fixed) reconcile(_ context.Context, rec *idemstore.Record) (Resolution, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked = append(f.asked, rec)
+	return f.r, nil
+}
+
+func (f *fixed) calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.asked)
+}
+
+func paymentResponse() *idemstore.Response {
+	return &idemstore.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   []byte(`{"id":"pay_1"}`),
+	}
+}
+
+func TestReconcileCompleted(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		unknown := b.unknown(t, id(1))
+		b.reserve(t, idemstore.ReserveParams{Identity: id(2)}) // in progress: not the reconciler's
+		f := &fixed{r: Resolution{State: idemstore.StateCompleted, Response: paymentResponse()}}
+		var hooked []ReconcileResult
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile, OnReconcile: func(r ReconcileResult, err error) {
+			if err != nil {
+				t.Errorf("OnReconcile: %v", err)
+			}
+			hooked = append(hooked, r)
+		}})
+
+		res, err := m.Reconcile(b.ctx)
+		if err != nil {
+			t.Fatalf("Reconcile: %v", err)
+		}
+		if want := (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}); res != want {
+			t.Fatalf("Reconcile = %+v, want %+v", res, want)
+		}
+		if len(f.asked) != 1 || f.asked[0].Identity != id(1) || f.asked[0].Token != unknown.Token || f.asked[0].State != idemstore.StateUnknown {
+			t.Fatalf("reconciler asked about %+v, want the unknown record %v with its token", f.asked, id(1))
+		}
+
+		rec := b.requireState(t, id(1), idemstore.StateCompleted)
+		if rec.Response == nil || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != `{"id":"pay_1"}` {
+			t.Fatalf("resolved record response %+v, want the reconciler's", rec.Response)
+		}
+		// A retry now replays the reconciled response.
+		replay, err := b.store.KeyReserve(b.ctx, &idemstore.ReserveParams{Identity: id(1), Fingerprint: testFingerprint,
+			Token: b.token(), Lease: testLease, TTL: testTTL, LeaseExpiredState: idemstore.StateUnknown})
+		if err != nil || replay.Reserved || replay.Record.State != idemstore.StateCompleted ||
+			replay.Record.Response == nil || string(replay.Record.Response.Body) != `{"id":"pay_1"}` {
+			t.Fatalf("retry after reconciliation = %+v, %v; want the stored response replayed", replay, err)
+		}
+		b.requireState(t, id(2), idemstore.StateInProgress)
+
+		// Nothing is left to do.
+		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{}) {
+			t.Fatalf("second Reconcile = %+v, %v; want nothing listed", res, err)
+		}
+		if len(hooked) != 2 || hooked[0].Completed != 1 {
+			t.Fatalf("OnReconcile saw %+v", hooked)
+		}
+		if s := m.Stats(); s.Completed != 1 || s.Unresolved != 0 || s.UnknownBacklog != 0 || s.LastReconcile.IsZero() {
+			t.Fatalf("Stats = %+v", s)
+		}
+		lines := b.logs.lines(t, "reconciled")
+		if len(lines) != 1 || lines[0]["level"] != "INFO" {
+			t.Fatalf("want one INFO line for the resolution:\n%s", b.logs)
+		}
+		requireAttrs(t, lines[0], id(1), map[string]any{"state": "completed"})
+		b.logs.requireNoRawKeys(t)
+		b.logs.requireNoErrors(t)
+	})
+}
+
+func TestReconcileReleased(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		f := &fixed{r: Resolution{State: idemstore.StateReleased}}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Released: 1}) {
+			t.Fatalf("Reconcile = %+v, %v", res, err)
+		}
+		b.requireState(t, id(1), idemstore.StateReleased)
+		// The next request executes again.
+		b.reserve(t, idemstore.ReserveParams{Identity: id(1)})
+		if s := m.Stats(); s.Released != 1 {
+			t.Fatalf("Stats = %+v, want Released 1", s)
+		}
+	})
+}
+
+// TestReconcileCompletedNotReplayable: a completed resolution without a
+// response stores a record a retry cannot replay, rather than inventing one.
+func TestReconcileCompletedNotReplayable(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		f := &fixed{r: Resolution{State: idemstore.StateCompleted}}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
+		if res, err := m.Reconcile(b.ctx); err != nil || res.Completed != 1 {
+			t.Fatalf("Reconcile = %+v, %v", res, err)
+		}
+		if rec := b.requireState(t, id(1), idemstore.StateCompleted); !rec.NotReplayable {
+			t.Fatalf("record %+v: want not replayable", rec)
+		}
+	})
+}
+
+func TestReconcileBackoff(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		var mu sync.Mutex
+		calls := 0
+		reconcile := func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			switch calls {
+			case 1:
+				return Resolution{}, errors.New("downstream unavailable")
+			case 2:
+				return Resolution{}, nil // the downstream does not know yet
+			}
+			return Resolution{State: idemstore.StateReleased}, nil
+		}
+		m := b.newMaintainer(&Config{Reconcile: reconcile, ReconcileBackoff: Backoff{Base: 30 * time.Second, Max: time.Hour}})
+		pass := func(want ReconcileResult) {
+			t.Helper()
+			res, err := m.Reconcile(b.ctx)
+			if err != nil || res != want {
+				t.Fatalf("at +%v: Reconcile = %+v, %v; want %+v", b.clock.Now().Sub(t0), res, err, want)
+			}
+		}
+		attempted := ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1}
+		deferred := ReconcileResult{Listed: 1, Deferred: 1}
+
+		// Attempt 1 fails; the next is due 15 to 30 seconds later.
+		pass(ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1, Errors: 1})
+		if s := m.Stats(); s.Unresolved != 1 || s.MaxAttempts != 1 || s.ReconcileErrors != 1 || s.UnknownBacklog != 1 {
+			t.Fatalf("Stats after a failed attempt = %+v", s)
+		}
+		pass(deferred)
+		b.clock.Advance(14 * time.Second)
+		pass(deferred)
+		b.clock.Advance(16 * time.Second)
+		// Attempt 2 cannot tell; the next is due 30 to 60 seconds later.
+		pass(attempted)
+		b.clock.Advance(29 * time.Second)
+		pass(deferred)
+		b.clock.Advance(31 * time.Second)
+		// Attempt 3 resolves.
+		pass(ReconcileResult{Listed: 1, Attempted: 1, Released: 1})
+		b.requireState(t, id(1), idemstore.StateReleased)
+		if s := m.Stats(); s.Unresolved != 0 || s.MaxAttempts != 0 || s.Released != 1 || s.ReconcileErrors != 1 {
+			t.Fatalf("Stats after the resolution = %+v", s)
+		}
+
+		warns := b.logs.lines(t, "unresolved")
+		if len(warns) != 2 {
+			t.Fatalf("%d unresolved log lines, want 2:\n%s", len(warns), b.logs)
+		}
+		for i, w := range warns {
+			if w["level"] != "WARN" {
+				t.Fatalf("unresolved line %v at %v, want WARN", w, w["level"])
+			}
+			requireAttrs(t, w, id(1), map[string]any{"attempts": i + 1})
+		}
+		if warns[0]["error"] != "downstream unavailable" {
+			t.Fatalf("first unresolved line %v: want the reconciler's error", warns[0])
+		}
+		b.logs.requireNoRawKeys(t)
+		b.logs.requireNoErrors(t)
+	})
+}
+
+func TestBackoffBounds(t *testing.T) {
+	t.Parallel()
+	m := New(nil, &Config{ReconcileBackoff: Backoff{Base: 30 * time.Second, Max: time.Hour}})
+	tests := []struct {
+		attempts int
+		full     time.Duration
+	}{
+		{1, 30 * time.Second},
+		{2, time.Minute},
+		{3, 2 * time.Minute},
+		{7, 32 * time.Minute},
+		{8, time.Hour},
+		{1000, time.Hour},
+	}
+	for _, tt := range tests {
+		for range 200 {
+			if d := m.backoff(tt.attempts); d < tt.full/2 || d > tt.full {
+				t.Fatalf("backoff(%d) = %v, want within [%v, %v]", tt.attempts, d, tt.full/2, tt.full)
+			}
+		}
+	}
+	// The jitter spreads retries.
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		seen[m.backoff(3)] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("backoff(3) took %d distinct values in 50 draws: no jitter", len(seen))
+	}
+}
+
+// TestReconcileRaceResolvedElsewhere: while the reconciler asks the
+// downstream, an operator resolves the record. The maintainer's resolution
+// loses and is dropped, logged at info; the operator's stands.
+func TestReconcileRaceResolvedElsewhere(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		reconcile := func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+			err := b.store.KeyResolve(ctx, &idemstore.ResolveParams{Identity: rec.Identity, Token: rec.Token, To: idemstore.StateReleased})
+			if err != nil {
+				t.Errorf("the operator's KeyResolve: %v", err)
+			}
+			return Resolution{State: idemstore.StateCompleted, Response: paymentResponse()}, nil
+		}
+		m := b.newMaintainer(&Config{Reconcile: reconcile})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
+			t.Fatalf("Reconcile = %+v, %v; want the resolution lost", res, err)
+		}
+		b.requireState(t, id(1), idemstore.StateReleased)
+		lines := b.logs.lines(t, "settled elsewhere")
+		if len(lines) != 1 || lines[0]["level"] != "INFO" {
+			t.Fatalf("want one INFO line for the lost race:\n%s", b.logs)
+		}
+		b.logs.requireNoErrors(t)
+		if s := m.Stats(); s.Lost != 1 || s.Completed != 0 || s.Unresolved != 0 {
+			t.Fatalf("Stats = %+v", s)
+		}
+	})
+}
+
+// TestReconcileRaceStaleToken: while the reconciler asks, the record is
+// resolved, re-executed by a new attempt and left unknown again, with a new
+// token. The stale resolution must not settle the new attempt's record.
+func TestReconcileRaceStaleToken(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		first := b.unknown(t, id(1))
+		var second *idemstore.Record
+		var asked []string
+		reconcile := func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+			asked = append(asked, rec.Token)
+			if second == nil {
+				if err := b.store.KeyResolve(ctx, &idemstore.ResolveParams{Identity: rec.Identity, Token: rec.Token, To: idemstore.StateReleased}); err != nil {
+					t.Errorf("KeyResolve: %v", err)
+				}
+				second = b.unknown(t, id(1))
+			}
+			return Resolution{State: idemstore.StateCompleted, Response: paymentResponse()}, nil
+		}
+		m := b.newMaintainer(&Config{Reconcile: reconcile})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
+			t.Fatalf("Reconcile = %+v, %v; want the stale resolution lost", res, err)
+		}
+		if rec := b.requireState(t, id(1), idemstore.StateUnknown); rec.Token != second.Token || second.Token == first.Token {
+			t.Fatalf("record token %q; want the new attempt's %q (first was %q)", rec.Token, second.Token, first.Token)
+		}
+		// The next pass reconciles the new attempt on its own token.
+		res, err = m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}) {
+			t.Fatalf("second Reconcile = %+v, %v", res, err)
+		}
+		if len(asked) != 2 || asked[0] != first.Token || asked[1] != second.Token {
+			t.Fatalf("reconciler asked with tokens %q, want [%q %q]", asked, first.Token, second.Token)
+		}
+		b.requireState(t, id(1), idemstore.StateCompleted)
+		b.logs.requireNoErrors(t)
+	})
+}
+
+// TestReconcileConcurrentMaintainers runs two maintainers over one store at
+// once: every unknown record is settled exactly once, and the loser of each
+// race drops its resolution without an error.
+func TestReconcileConcurrentMaintainers(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		const n = 40
+		for i := range n {
+			b.unknown(t, id(i))
+		}
+		var ms [2]*Maintainer
+		var results [2]ReconcileResult
+		var errs [2]error
+		for i := range ms {
+			f := &fixed{r: Resolution{State: idemstore.StateCompleted, Response: paymentResponse()}}
+			ms[i] = b.newMaintainer(&Config{Reconcile: f.reconcile, BatchSize: 7})
+		}
+		var wg sync.WaitGroup
+		for i := range ms {
+			wg.Go(func() { results[i], errs[i] = ms[i].Reconcile(b.ctx) })
+		}
+		wg.Wait()
+		completed := 0
+		for i := range ms {
+			if errs[i] != nil {
+				t.Fatalf("maintainer %d: %v", i, errs[i])
+			}
+			r := results[i]
+			if r.Attempted != r.Completed+r.Lost || r.Unresolved != 0 {
+				t.Fatalf("maintainer %d: %+v", i, r)
+			}
+			completed += r.Completed
+		}
+		if completed != n {
+			t.Fatalf("%d records completed in all, want %d: %+v", completed, n, results)
+		}
+		for i := range n {
+			b.requireState(t, id(i), idemstore.StateCompleted)
+		}
+		b.logs.requireNoErrors(t)
+	})
+}
+
+// TestReconcileFaultyReconciler: a panic or an invalid resolution is an
+// unresolved attempt, not a crash, and leaves the record unknown.
+func TestReconcileFaultyReconciler(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		b.unknown(t, id(2))
+		reconcile := func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+			if rec.Identity == id(1) {
+				panic("reconciler bug")
+			}
+			return Resolution{State: idemstore.StateInProgress}, nil
+		}
+		m := b.newMaintainer(&Config{Reconcile: reconcile})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 2, Attempted: 2, Unresolved: 2, Errors: 2}) {
+			t.Fatalf("Reconcile = %+v, %v", res, err)
+		}
+		b.requireState(t, id(1), idemstore.StateUnknown)
+		b.requireState(t, id(2), idemstore.StateUnknown)
+		warns := b.logs.lines(t, "reconciler failed")
+		if len(warns) != 2 {
+			t.Fatalf("want 2 failure lines:\n%s", b.logs)
+		}
+		requireAttrs(t, warns[0], id(1), map[string]any{"error": "reconciler panicked: reconciler bug"})
+		if s := m.Stats(); s.ReconcileErrors != 2 || s.Unresolved != 2 {
+			t.Fatalf("Stats = %+v", s)
+		}
+	})
+}
+
+// TestReconcileForgetsSettledRecords: a record in backoff that someone else
+// settles is dropped from the pending set by the next complete pass.
+func TestReconcileForgetsSettledRecords(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		rec := b.unknown(t, id(1))
+		f := &fixed{}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
+		if res, err := m.Reconcile(b.ctx); err != nil || res.Unresolved != 1 {
+			t.Fatalf("Reconcile = %+v, %v", res, err)
+		}
+		if s := m.Stats(); s.Unresolved != 1 {
+			t.Fatalf("Stats = %+v, want 1 unresolved", s)
+		}
+		if err := b.store.KeyResolve(b.ctx, &idemstore.ResolveParams{Identity: id(1), Token: rec.Token, To: idemstore.StateReleased}); err != nil {
+			t.Fatalf("KeyResolve: %v", err)
+		}
+		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{}) {
+			t.Fatalf("Reconcile = %+v, %v", res, err)
+		}
+		if s := m.Stats(); s.Unresolved != 0 || s.MaxAttempts != 0 || len(m.pending) != 0 {
+			t.Fatalf("Stats = %+v, pending %d; want the settled record forgotten", s, len(m.pending))
+		}
+	})
+}
+
+// TestReconcileWithoutReconciler counts the backlog, bounded by ScanLimit,
+// and touches nothing.
+func TestReconcileWithoutReconciler(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		for i := range 7 {
+			b.unknown(t, id(i))
+		}
+		m := b.newMaintainer(&Config{BatchSize: 2, ScanLimit: 5})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res != (ReconcileResult{Listed: 5, Truncated: true}) {
+			t.Fatalf("Reconcile = %+v, %v; want 5 listed, truncated", res, err)
+		}
+		if s := m.Stats(); s.UnknownBacklog != 5 || !s.UnknownBacklogTruncated {
+			t.Fatalf("Stats = %+v; want a truncated backlog of 5", s)
+		}
+		m = b.newMaintainer(&Config{BatchSize: 2, ScanLimit: 100})
+		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{Listed: 7}) {
+			t.Fatalf("Reconcile = %+v, %v; want 7 listed", res, err)
+		}
+		if s := m.Stats(); s.UnknownBacklog != 7 || s.UnknownBacklogTruncated {
+			t.Fatalf("Stats = %+v; want a backlog of 7", s)
+		}
+		for i := range 7 {
+			b.requireState(t, id(i), idemstore.StateUnknown)
+		}
+	})
+}
+
+// TestReconcilePassTimeout: a reconciler that outlives the pass stops the
+// pass with an error, and its attempt does not count against the record.
+func TestReconcilePassTimeout(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		b.unknown(t, id(1))
+		reconcile := func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+			<-ctx.Done()
+			return Resolution{}, ctx.Err()
+		}
+		m := b.newMaintainer(&Config{Reconcile: reconcile, PassTimeout: 50 * time.Millisecond})
+		res, err := m.Reconcile(b.ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || res.Attempted != 1 || res.Unresolved != 0 {
+			t.Fatalf("Reconcile = %+v, %v; want a deadline error and no unresolved attempt", res, err)
+		}
+		if s := m.Stats(); s.PassErrors != 1 || s.Unresolved != 0 || s.ReconcileErrors != 0 {
+			t.Fatalf("Stats = %+v", s)
+		}
+		if lines := b.logs.lines(t, "timed out"); len(lines) != 1 || lines[0]["job"] != "reconcile" {
+			t.Fatalf("want one timeout line:\n%s", b.logs)
+		}
+	})
+}
