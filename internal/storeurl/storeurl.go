@@ -1,0 +1,211 @@
+// Package storeurl opens an idem store from the URL the idem command's
+// --store flag names:
+//
+//	sqlite:PATH          embedded SQLite file (sqlite:///abs/path also works);
+//	                     ?synchronous=NORMAL trades power-loss durability for speed
+//	memory:              in-process, not durable
+//	postgres://…         PostgreSQL (also postgresql://); ?schema=NAME puts the
+//	                     store's tables in that schema (default public)
+//	redis://…            Redis (also rediss:// for TLS); ?prefix=P starts the
+//	                     store's keys with P (default idem:)
+//
+// Open applies the embedded migrations of the SQL stores, so a fresh
+// database works at once; migrating twice is harmless.
+package storeurl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/idemredis"
+	"github.com/idem-dev/idem/idemsqlite"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Default is the store used when none is named.
+const Default = "sqlite:./idem.db"
+
+// Store kinds, as Kind returns them.
+const (
+	KindSQLite   = "sqlite"
+	KindMemory   = "memory"
+	KindPostgres = "postgres"
+	KindRedis    = "redis"
+)
+
+// ErrUnknownScheme is wrapped by the error of Open for a URL whose scheme
+// names no store.
+var ErrUnknownScheme = errors.New("unknown store scheme")
+
+// connectTimeout bounds the first contact with a network store, so a wrong
+// address fails at start rather than on the first request.
+const connectTimeout = 10 * time.Second
+
+// Kind returns the store kind rawURL names: KindSQLite, KindMemory,
+// KindPostgres or KindRedis, or "" when the scheme names no store.
+func Kind(rawURL string) string {
+	scheme, _, ok := strings.Cut(rawURL, ":")
+	if !ok {
+		return ""
+	}
+	switch strings.ToLower(scheme) {
+	case "sqlite":
+		return KindSQLite
+	case "memory":
+		return KindMemory
+	case "postgres", "postgresql":
+		return KindPostgres
+	case "redis", "rediss":
+		return KindRedis
+	}
+	return ""
+}
+
+// Open opens the store rawURL names and returns it with the function that
+// closes it. The store is ready: SQL schemas are migrated and network stores
+// have answered once.
+func Open(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+	switch Kind(rawURL) {
+	case KindSQLite:
+		return openSQLite(rawURL)
+	case KindMemory:
+		if _, rest, _ := strings.Cut(rawURL, ":"); rest != "" {
+			return nil, nil, errors.New(`store "memory:" takes nothing after the colon`)
+		}
+		return idemmem.New(nil), func() error { return nil }, nil
+	case KindPostgres:
+		return openPostgres(ctx, rawURL)
+	case KindRedis:
+		return openRedis(ctx, rawURL)
+	}
+	// The URL is not echoed: it may carry a password.
+	scheme, _, ok := strings.Cut(rawURL, ":")
+	if !ok || scheme == "" {
+		return nil, nil, fmt.Errorf("%w: the store URL has none; want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme)
+	}
+	return nil, nil, fmt.Errorf("%w %q: want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme, scheme)
+}
+
+func openSQLite(rawURL string) (idemstore.Store, func() error, error) {
+	_, rest, _ := strings.Cut(rawURL, ":")
+	path, rawQuery, _ := strings.Cut(rest, "?")
+	if strings.HasPrefix(path, "//") {
+		// sqlite:///abs/path: a URL with an empty host.
+		u, err := url.Parse("sqlite:" + path)
+		if err != nil || u.Host != "" {
+			return nil, nil, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
+		}
+		path = u.Path
+	}
+	if path == "" {
+		return nil, nil, fmt.Errorf("store %q: the path is missing (e.g. %s)", rawURL, Default)
+	}
+	var cfg idemsqlite.Config
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %q: %w", rawURL, err)
+	}
+	for name, values := range query {
+		switch name {
+		case "synchronous":
+			cfg.Synchronous = values[len(values)-1]
+		default:
+			return nil, nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
+		}
+	}
+	s, err := idemsqlite.Open(path, &cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, s.Close, nil
+}
+
+func openPostgres(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+	// schema is ours, not a PostgreSQL parameter: take it out before pgx
+	// sends the query parameters to the server.
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+	}
+	q := u.Query()
+	cfg := &idempgx.Config{Schema: q.Get("schema")}
+	q.Del("schema")
+	u.RawQuery = q.Encode()
+
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	s := idempgx.New(pool, cfg)
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if _, err := s.Migrate(ctx); err != nil {
+		s.Close()
+		pool.Close()
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	return s, func() error { s.Close(); pool.Close(); return nil }, nil
+}
+
+func openRedis(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+	// prefix is ours, not a go-redis option: take it out before parsing.
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+	}
+	q := u.Query()
+	cfg := &idemredis.Config{Prefix: q.Get("prefix")}
+	q.Del("prefix")
+	u.RawQuery = q.Encode()
+
+	opts, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	client := redis.NewClient(opts)
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	return idemredis.New(client, cfg), client.Close, nil
+}
+
+// secretParams are query parameters whose values Redact hides.
+var secretParams = []string{"password", "sslpassword"}
+
+// Redact returns rawURL fit for a log: the password of the user information
+// and of the query (password, sslpassword) replaced by "xxxxx". A string
+// that is not a URL with a scheme (a key=value connection string, say) is
+// not shown at all.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" {
+		return "<redacted>"
+	}
+	if u.Opaque != "" || u.RawQuery == "" {
+		return u.Redacted()
+	}
+	q := u.Query()
+	for _, name := range secretParams {
+		if q.Has(name) {
+			q.Set(name, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.Redacted()
+}
