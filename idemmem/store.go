@@ -386,12 +386,18 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	return out[:min(limit, len(out))], nil
 }
 
-// KeyWait implements idemstore.Waiter: it returns when the record of id
-// changes (any write, including its deletion), or with ctx's error. A change
-// made before the call does not wake it, so callers read the record, wait,
-// and read again, with a bounded ctx.
+// KeyWait implements idemstore.Waiter. It returns at once when the record of
+// id is missing or not in progress (so a change between the caller's read
+// and this call is not missed), else when the record is next written
+// (including its deletion), or with ctx's error. A lease that merely expires
+// by the clock is no write: callers bound the wait with ctx.
 func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
 	s.mu.Lock()
+	now := s.now()
+	if r := s.live(id, now); r == nil || viewRecord(r, now).State != idemstore.StateInProgress {
+		s.mu.Unlock()
+		return nil
+	}
 	w, ok := s.waiters[id]
 	if !ok {
 		w = &waiter{ch: make(chan struct{})}

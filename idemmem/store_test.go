@@ -73,11 +73,17 @@ func TestKeyWait(t *testing.T) {
 			s := idemmem.New(&idemmem.Config{Now: clock.Now})
 			id := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "k"}
 			bystander := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "bystander"}
-			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
-				Identity: id, Fingerprint: "f", Token: "t1", Lease: time.Minute, TTL: time.Hour,
-			})
-			if err != nil || !res.Reserved {
-				t.Fatalf("KeyReserve = %+v, %v", res, err)
+			// The bystander outlives every change below.
+			for rid, ttl := range map[idemstore.Identity]time.Duration{id: time.Hour, bystander: 3 * time.Hour} {
+				res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
+					Identity: rid, Fingerprint: "f", Token: "t1", Lease: time.Minute, TTL: ttl,
+				})
+				if err != nil || !res.Reserved {
+					t.Fatalf("KeyReserve = %+v, %v", res, err)
+				}
+			}
+			if err := s.KeyRenew(ctx, &idemstore.RenewParams{Identity: bystander, Token: "t1", Lease: 2 * time.Hour}); err != nil {
+				t.Fatal(err)
 			}
 
 			const waiters = 5
@@ -132,12 +138,46 @@ func TestKeyWait(t *testing.T) {
 	}
 }
 
+func TestKeyWaitReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := idemtest.NewClock(time.Now())
+	s := idemmem.New(&idemmem.Config{Now: clock.Now})
+	id := idemstore.Identity{Key: "k"}
+	if err := s.KeyWait(ctx, id); err != nil {
+		t.Fatalf("KeyWait on a missing record = %v", err)
+	}
+	res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve = %+v, %v", res, err)
+	}
+	// An expired lease is no longer in progress.
+	clock.Advance(time.Minute)
+	if err := s.KeyWait(ctx, id); err != nil {
+		t.Fatalf("KeyWait on an expired lease = %v", err)
+	}
+	if err := s.KeyMarkUnknown(ctx, &idemstore.FinishParams{Identity: id, Token: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.KeyWait(ctx, id); err != nil {
+		t.Fatalf("KeyWait on an unknown record = %v", err)
+	}
+	if n := idemmem.Parked(s, id); n != 0 {
+		t.Fatalf("%d waiters parked, want 0", n)
+	}
+}
+
 func TestKeyWaitCancel(t *testing.T) {
 	t.Parallel()
-	s := idemmem.New(nil)
 	ctx, cancel := context.WithCancel(t.Context())
+	s := idemmem.New(nil)
+	id := idemstore.Identity{Key: "k"}
+	res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve = %+v, %v", res, err)
+	}
 	done := make(chan error, 1)
-	go func() { done <- s.KeyWait(ctx, idemstore.Identity{Key: "k"}) }()
+	go func() { done <- s.KeyWait(ctx, id) }()
 	cancel()
 	select {
 	case err := <-done:
