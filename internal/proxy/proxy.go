@@ -6,10 +6,18 @@
 // to completion even when the client hangs up: the outbound request uses a
 // context detached from the client's, bounded by Config.Timeout. Nothing is
 // retried here; retries are the client's, made safe by the middleware.
+//
+// An upstream that cannot be reached answers 502 (the key is released: the
+// request never left). An exchange that fails after the request may have
+// reached the upstream (a timeout answers 504, a connection broken mid-way
+// 502) marks the key's outcome unknown with idem.MarkUnknown, since the
+// upstream may have acted; so does a body cut off mid-way, through the panic
+// http.ErrAbortHandler that ReverseProxy raises.
 package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -19,6 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem"
 )
 
 // Default settings of Config.
@@ -45,14 +55,6 @@ type Config struct {
 	// Transport sends the upstream requests. Defaults to a clone of
 	// http.DefaultTransport that keeps more idle connections per host.
 	Transport http.RoundTripper
-	// OnUncertain is called, before the error answer is written, when the
-	// upstream exchange failed after the request may have reached the
-	// upstream (a timeout, a connection broken after sending): the
-	// upstream's effect may or may not have happened. The idem command marks
-	// the key's outcome unknown there. It is not called when the request
-	// certainly never left (the connection could not be made). Defaults to
-	// doing nothing, so the 5xx answer releases the key.
-	OnUncertain func(r *http.Request, err error)
 	// ProblemTypeBase prefixes the problem code to form the problem+json
 	// "type" URI. Defaults to DefaultProblemTypeBase.
 	ProblemTypeBase string
@@ -162,8 +164,10 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		slog.Int("status", status),
 		slog.String("error", err.Error()),
 	)
-	if sent && h.cfg.OnUncertain != nil {
-		h.cfg.OnUncertain(r, err)
+	if sent {
+		// The upstream may have acted: the key must not be released for a
+		// retry to run it again. Outside a protected request this does nothing.
+		idem.MarkUnknown(r.Context())
 	}
 	writeProblem(w, h.cfg.ProblemTypeBase, status, code, detail)
 }
@@ -175,20 +179,19 @@ func neverSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// writeProblem writes an RFC 9457 problem+json answer. The fields are fixed
-// strings, so no escaping is needed beyond what strconv.Quote does.
+// writeProblem writes an RFC 9457 problem+json answer, shaped as the
+// middleware's.
 func writeProblem(w http.ResponseWriter, typeBase string, status int, code, detail string) {
-	body := `{"type":` + strconv.Quote(typeBase+code) +
-		`,"title":` + strconv.Quote(http.StatusText(status)) +
-		`,"status":` + strconv.Itoa(status) +
-		`,"detail":` + strconv.Quote(detail) +
-		`,"code":` + strconv.Quote(code) + "}\n"
+	body, _ := json.Marshal(idem.Problem{ // cannot fail: strings and an int
+		Type: typeBase + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code,
+	})
 	hdr := w.Header()
 	clear(hdr)
 	hdr.Set("Content-Type", "application/problem+json")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write([]byte(body))
+	_, _ = w.Write(body)
 }
 
 // flushGate lets ReverseProxy flush only event streams. ReverseProxy flushes

@@ -11,10 +11,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmem"
 )
 
 // echo is what the echo upstream saw.
@@ -159,7 +163,22 @@ func TestForwardsFaithfully(t *testing.T) {
 	}
 }
 
-func TestUnreachableUpstreamIs502(t *testing.T) {
+// protect puts the idem middleware on a memory store in front of h.
+func protect(h http.Handler) http.Handler {
+	return idem.New(idemmem.New(nil), &idem.Config{Logger: quietLogger()})(h)
+}
+
+func post(h http.Handler, key string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Idempotency-Key", key)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// An upstream that cannot be reached never got the request: 502, and the
+// key is released, so the retry runs again.
+func TestUnreachableUpstreamIs502AndReleases(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -168,24 +187,21 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
 
-	var uncertain atomic.Int32
-	h := New(mustURL(t, "http://"+addr), &Config{
-		Logger:      quietLogger(),
-		OnUncertain: func(*http.Request, error) { uncertain.Add(1) },
-	})
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader("{}")))
-
-	assertProblem(t, rec, http.StatusBadGateway, CodeUpstreamUnavailable)
-	if n := uncertain.Load(); n != 0 {
-		t.Errorf("OnUncertain called %d times for a request that never left", n)
-	}
+	h := protect(New(mustURL(t, "http://"+addr), &Config{Logger: quietLogger()}))
+	assertProblem(t, post(h, "k"), http.StatusBadGateway, CodeUpstreamUnavailable)
+	// Released: the retry executes again (and fails the same way), rather
+	// than getting 409 outcome-unknown.
+	assertProblem(t, post(h, "k"), http.StatusBadGateway, CodeUpstreamUnavailable)
 }
 
-func TestUpstreamTimeoutIs504AndUncertain(t *testing.T) {
+// An upstream that got the request and did not answer in time may have
+// acted: 504, and the key's outcome is unknown, so a retry is not run again.
+func TestUpstreamTimeoutIs504AndUnknown(t *testing.T) {
 	t.Parallel()
+	var calls atomic.Int32
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -195,19 +211,13 @@ func TestUpstreamTimeoutIs504AndUncertain(t *testing.T) {
 	defer up.Close()
 	defer close(release)
 
-	var uncertain atomic.Int32
-	h := New(mustURL(t, up.URL), &Config{
-		Timeout:     50 * time.Millisecond,
-		Logger:      quietLogger(),
-		OnUncertain: func(*http.Request, error) { uncertain.Add(1) },
-	})
-	defer h.CloseIdleConnections()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader("{}")))
-
-	assertProblem(t, rec, http.StatusGatewayTimeout, CodeUpstreamTimeout)
-	if n := uncertain.Load(); n != 1 {
-		t.Errorf("OnUncertain called %d times, want 1: the upstream may have acted", n)
+	p := New(mustURL(t, up.URL), &Config{Timeout: 50 * time.Millisecond, Logger: quietLogger()})
+	defer p.CloseIdleConnections()
+	h := protect(p)
+	assertProblem(t, post(h, "k"), http.StatusGatewayTimeout, CodeUpstreamTimeout)
+	assertProblem(t, post(h, "k"), http.StatusConflict, idem.CodeOutcomeUnknown)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("upstream called %d times, want 1", n)
 	}
 }
 
@@ -371,5 +381,37 @@ func TestLargeBodyBothWays(t *testing.T) {
 	}
 	if !bytes.Equal(got, body) {
 		t.Errorf("echoed %d bytes, want the %d sent, byte-identical", len(got), len(body))
+	}
+}
+
+// Through the middleware, a chunked upstream answer is stored and replayed.
+func TestChunkedAnswerIsReplayed(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"id":`)
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, strconv.Itoa(int(n))+"}")
+	}))
+	defer up.Close()
+	p := New(mustURL(t, up.URL), &Config{Logger: quietLogger()})
+	defer p.CloseIdleConnections()
+	h := protect(p)
+
+	first, second := post(h, "k"), post(h, "k")
+	if first.Code != http.StatusCreated || second.Code != http.StatusCreated {
+		t.Fatalf("statuses = %d, %d; want 201 twice", first.Code, second.Code)
+	}
+	if second.Header().Get(idem.HeaderReplayed) != "true" {
+		t.Errorf("second answer not marked %s", idem.HeaderReplayed)
+	}
+	if first.Body.String() != `{"id":1}` || second.Body.String() != first.Body.String() {
+		t.Errorf("bodies = %q, %q; want {\"id\":1} twice", first.Body, second.Body)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("upstream called %d times, want 1", n)
 	}
 }
