@@ -27,6 +27,12 @@
 //     starts a new attempt: new token, StartedAt and UpdatedAt now,
 //     LockedUntil now+lease, Attempts+1, no response.
 //   - KeyList leaves out records past ExpiresAt.
+//
+// Stores that implement idemstore.TxStore also run the Transactional tests:
+// completions and checkpoints commit and roll back with the transaction, are
+// fenced, and recovery points survive releases and takeovers. Those tests
+// make no other store write while a transaction is open (SQLite has one
+// writer), but read with KeyGet, which must not block on it.
 package idemtest
 
 import (
@@ -113,6 +119,10 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T, clock *Clock) idems
 	t.Run("List", func(t *testing.T) {
 		t.Parallel()
 		testList(t, setup)
+	})
+	t.Run("Transactional", func(t *testing.T) {
+		t.Parallel()
+		testTransactional(t, setup)
 	})
 }
 
