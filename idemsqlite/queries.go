@@ -89,6 +89,10 @@ const (
 	renewKey = `UPDATE idem_keys SET locked_until = ?6, updated_at = ?5
 	WHERE ` + fencedWhere + ` AND state = 'in_progress'`
 
+	// checkpointKey records ?6 as the attempt's last committed phase.
+	checkpointKey = `UPDATE idem_keys SET recovery_point = ?6, updated_at = ?5
+	WHERE ` + fencedWhere + ` AND state = 'in_progress'`
+
 	// resolveKey settles an unknown record, read in the same transaction.
 	// ?4 state, ?5 now, ?6 status, ?7 header JSON, ?8 body, ?9 not_replayable.
 	resolveKey = `UPDATE idem_keys SET state = ?4, response_status = ?6, response_header = ?7,

@@ -355,15 +355,6 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	return s.complete(ctx, s.db, p)
 }
 
-// CompleteTx completes the attempt inside tx, with the semantics of
-// KeyComplete: the completion commits or rolls back with tx. It returns
-// idemstore.ErrLeaseLost when the attempt no longer owns the record; the
-// caller should then roll tx back. tx must be a transaction on the store's
-// database (see DB).
-func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
-	return s.complete(ctx, tx, p)
-}
-
 func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompleteParams) error {
 	status, header, body, nr, err := responseArgs(p.Response, p.NotReplayable)
 	if err != nil {

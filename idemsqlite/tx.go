@@ -1,0 +1,89 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+var _ idemstore.TxStore = (*Store)(nil)
+
+// KeyBeginTx begins a business transaction on the store's write pool for the
+// middleware's transactional mode: the handler's writes, the outbox rows and
+// the key's completion commit together (idemstore.TxStore). The transaction
+// holds SQLite's write lock until it ends, so the store's other writes wait
+// for it: keep it short.
+func (s *Store) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, interpretError("beginning transaction", err)
+	}
+	return &Tx{s: s, tx: tx}, nil
+}
+
+// Tx is a business transaction begun by KeyBeginTx. It implements
+// idemstore.Tx; handlers reach the *sql.Tx through TxFromContext.
+type Tx struct {
+	s  *Store
+	tx *sql.Tx
+}
+
+// KeyComplete is CompleteTx in this transaction.
+func (t *Tx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	return t.s.CompleteTx(ctx, t.tx, p)
+}
+
+// KeyCheckpoint is CheckpointTx in this transaction.
+func (t *Tx) KeyCheckpoint(ctx context.Context, p *idemstore.CheckpointParams) error {
+	return t.s.CheckpointTx(ctx, t.tx, p)
+}
+
+// Commit commits the transaction.
+func (t *Tx) Commit(context.Context) error {
+	return interpretError("committing transaction", t.tx.Commit())
+}
+
+// Rollback rolls the transaction back; after Commit or Rollback it does
+// nothing.
+func (t *Tx) Rollback(context.Context) error {
+	return interpretError("rolling back transaction", rollback(t.tx))
+}
+
+// Driver returns the *sql.Tx.
+func (t *Tx) Driver() any { return t.tx }
+
+// TxFromContext returns the business transaction of a request in
+// transactional mode, beginning it on first use, or idemstore.ErrNoTx. The
+// handler writes through it; the middleware completes the key in it and
+// commits.
+func TxFromContext(ctx context.Context) (*sql.Tx, error) {
+	tx, err := idemstore.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stx, ok := tx.Driver().(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("idemsqlite: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
+	}
+	return stx, nil
+}
+
+// CompleteTx is KeyComplete inside the caller's transaction: the completion
+// commits or rolls back with the business writes (transactional mode). It
+// returns idemstore.ErrLeaseLost when the attempt no longer owns the record,
+// and the caller must then roll tx back. tx must be a transaction on the
+// store's database (see DB).
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
+	return s.complete(ctx, tx, p)
+}
+
+// CheckpointTx records p.RecoveryPoint as the last committed phase of the
+// attempt holding p.Token, inside the caller's transaction (phased
+// operations). It does not extend the lease. It returns
+// idemstore.ErrLeaseLost when the record is not in_progress under the token,
+// and the caller must then roll tx back.
+func (s *Store) CheckpointTx(ctx context.Context, tx *sql.Tx, p *idemstore.CheckpointParams) error {
+	return s.fencedExec(ctx, tx, "checkpointing key", checkpointKey, p.Identity, p.Token, p.RecoveryPoint)
+}
