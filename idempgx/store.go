@@ -50,7 +50,9 @@ type Config struct {
 
 // Default values of Config fields.
 const (
-	DefaultSchema   = "public"
+	// DefaultSchema is the default Config.Schema.
+	DefaultSchema = "public"
+	// DefaultWaitPoll is the default Config.WaitPoll.
 	DefaultWaitPoll = time.Second
 )
 
