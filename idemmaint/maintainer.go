@@ -65,8 +65,9 @@ type Stats struct {
 	Unresolved int
 	// MaxAttempts is the most attempts any of those records has had.
 	MaxAttempts int
-	// UnknownBacklog is the number of unknown records the last
-	// reconciliation pass listed, at most Config.ScanLimit.
+	// UnknownBacklog is the number of unknown records the last complete
+	// reconciliation pass listed and left unknown (it lists at most
+	// Config.ScanLimit).
 	UnknownBacklog int
 	// UnknownBacklogTruncated reports that the listing stopped at
 	// Config.ScanLimit: the backlog is at least UnknownBacklog.

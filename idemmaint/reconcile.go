@@ -97,7 +97,7 @@ func (m *Maintainer) reconcile(parent context.Context, every time.Duration) (res
 			s.Unresolved = len(m.pending)
 			s.MaxAttempts = maxAttempts
 			if err == nil {
-				s.UnknownBacklog = res.Listed
+				s.UnknownBacklog = res.Listed - res.Completed - res.Released - res.Lost
 				s.UnknownBacklogTruncated = res.Truncated
 			}
 		})

@@ -296,8 +296,8 @@ type spyStore struct {
 	sweeps []int // Limit of each KeySweep call
 	reaps  []int // Limit of each KeyReap call
 	reaped []int // result of each KeyReap call
-	// beforeResolve, when set, runs before each KeyResolve.
-	beforeResolve func(p *idemstore.ResolveParams)
+	// reapErr, when set, is what KeyReap returns instead of reaping.
+	reapErr error
 }
 
 func (s *spyStore) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
@@ -308,19 +308,15 @@ func (s *spyStore) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*i
 }
 
 func (s *spyStore) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+	if s.reapErr != nil {
+		return 0, s.reapErr
+	}
 	n, err := s.Store.KeyReap(ctx, p)
 	s.mu.Lock()
 	s.reaps = append(s.reaps, p.Limit)
 	s.reaped = append(s.reaped, n)
 	s.mu.Unlock()
 	return n, err
-}
-
-func (s *spyStore) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
-	if s.beforeResolve != nil {
-		s.beforeResolve(p)
-	}
-	return s.Store.KeyResolve(ctx, p)
 }
 
 // logBuffer collects JSON log lines.
