@@ -1,0 +1,233 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// flagSet is a subcommand's flags with its usage text.
+type flagSet struct {
+	*flag.FlagSet
+	synopsis string // e.g. "idem proxy --upstream URL [flags]"
+	about    string // a paragraph on what the command does
+}
+
+// newFlagSet returns an empty flagSet. It prints nothing itself: parse
+// returns the errors and prints the help asked for.
+func newFlagSet(name, synopsis, about string) *flagSet {
+	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flagSet{FlagSet: fs, synopsis: synopsis, about: about}
+}
+
+// envName is the environment variable a flag falls back to.
+func envName(flagName string) string {
+	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse parses args, then sets every flag absent from them from its
+// environment variable, when that is set and not empty. -h prints the usage
+// to stdout and returns flag.ErrHelp; other errors are usageErrors. Positional
+// arguments are refused.
+func (fs *flagSet) parse(args []string, e *env) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.printUsage(e.stdout)
+			return flag.ErrHelp
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || err != nil {
+			return
+		}
+		name := envName(f.Name)
+		v, ok := e.lookupEnv(name)
+		if !ok || v == "" {
+			return
+		}
+		if serr := f.Value.Set(v); serr != nil {
+			err = usageErrorf("invalid value %q for %s: %v", v, name, serr)
+		}
+	})
+	return err
+}
+
+func (fs *flagSet) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n\nFlags (each falls back to the environment variable shown):\n", fs.synopsis, fs.about)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		fmt.Fprintf(w, "%s  (%s)\n    \t%s", line, envName(f.Name), usage)
+		if f.DefValue != "" && f.DefValue != "false" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// durationValue is a Go duration flag that refuses negative values, and
+// zero unless zeroOK.
+type durationValue struct {
+	p      *time.Duration
+	zeroOK bool
+}
+
+func (v durationValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.p.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return errors.New("want a Go duration such as 30s or 24h")
+	case d < 0, d == 0 && !v.zeroOK:
+		return errors.New("want a positive duration")
+	}
+	*v.p = d
+	return nil
+}
+
+// sizeValue is a positive size in bytes.
+type sizeValue struct{ p *int64 }
+
+func (v sizeValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.FormatInt(*v.p, 10)
+}
+
+func (v sizeValue) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return errors.New("want a positive number of bytes")
+	}
+	*v.p = n
+	return nil
+}
+
+// oneOfValue is a string out of a fixed set.
+type oneOfValue struct {
+	p       *string
+	choices []string
+}
+
+func (v oneOfValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v oneOfValue) Set(s string) error {
+	if !slices.Contains(v.choices, s) {
+		return fmt.Errorf("want one of %s", strings.Join(v.choices, ", "))
+	}
+	*v.p = s
+	return nil
+}
+
+// methodsValue is a comma-separated list of HTTP methods, upper-cased and
+// without duplicates.
+type methodsValue struct{ p *[]string }
+
+func (v methodsValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v methodsValue) Set(s string) error {
+	var methods []string
+	for m := range strings.SplitSeq(s, ",") {
+		m = strings.ToUpper(strings.TrimSpace(m))
+		if !isToken(m) {
+			return fmt.Errorf("%q is not an HTTP method", m)
+		}
+		if !slices.Contains(methods, m) {
+			methods = append(methods, m)
+		}
+	}
+	*v.p = methods
+	return nil
+}
+
+// headerNameValue is an HTTP header name, canonicalised.
+type headerNameValue struct{ p *string }
+
+func (v headerNameValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v headerNameValue) Set(s string) error {
+	if !isToken(s) {
+		return fmt.Errorf("%q is not a header name", s)
+	}
+	*v.p = http.CanonicalHeaderKey(s)
+	return nil
+}
+
+// isToken reports whether s is an RFC 9110 token (methods, header names).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// httpURLValue is an absolute http or https URL.
+type httpURLValue struct{ p **url.URL }
+
+func (v httpURLValue) String() string {
+	if v.p == nil || *v.p == nil {
+		return ""
+	}
+	return (*v.p).Redacted()
+}
+
+func (v httpURLValue) Set(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("not a URL")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("want an absolute http:// or https:// URL")
+	}
+	if u.Fragment != "" {
+		return errors.New("a fragment is not allowed")
+	}
+	*v.p = u
+	return nil
+}

@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/proxy"
+	"github.com/idem-dev/idem/internal/storeurl"
+)
+
+// proxyOptions are the settings of `idem proxy`.
+type proxyOptions struct {
+	listen      string
+	upstream    *url.URL
+	store       string
+	ttl         time.Duration
+	lease       time.Duration
+	wait        time.Duration
+	profile     string
+	requireKey  bool
+	scopeHeader string
+	methods     []string
+	maxBody     int64
+	maxResponse int64
+}
+
+// parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
+// The defaults shown are the middleware's own (idem.Config).
+func parseProxy(args []string, e *env) (*proxyOptions, error) {
+	o := &proxyOptions{
+		listen:      "127.0.0.1:8080",
+		store:       storeurl.Default,
+		ttl:         24 * time.Hour,
+		lease:       30 * time.Second,
+		profile:     string(idem.ProfileIETF),
+		methods:     []string{http.MethodPost, http.MethodPatch},
+		maxBody:     1 << 20,
+		maxResponse: 1 << 20,
+	}
+	fs := newFlagSet("proxy", "idem proxy --upstream URL [flags]",
+		"Puts the idempotency contract in front of any HTTP API: a request with an\n"+
+			"Idempotency-Key is forwarded to the upstream at most once, and every retry\n"+
+			"gets the stored answer with Idempotent-Replayed: true. The upstream call runs\n"+
+			"to its end even when the client hangs up.")
+	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` to serve on; port 0 picks a free one")
+	fs.Var(httpURLValue{&o.upstream}, "upstream", "`URL` of the API to protect (required)")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(durationValue{p: &o.ttl}, "ttl", "`DURATION` a key is kept (Go syntax: 30s, 24h)")
+	fs.Var(durationValue{p: &o.lease}, "lease", "`DURATION` of the in-progress lock, renewed while the upstream works")
+	fs.Var(durationValue{p: &o.wait, zeroOK: true}, "wait", "`DURATION` a retry waits for a key in progress; 0 answers 409 at once")
+	fs.Var(oneOfValue{&o.profile, []string{string(idem.ProfileIETF), string(idem.ProfileStripe), string(idem.ProfileAppstrate)}},
+		"profile", "`PROFILE` of the answers to key reuse and 5xx: ietf, stripe or appstrate")
+	fs.BoolVar(&o.requireKey, "require-key", o.requireKey, "answer 400 key-missing to a covered request without Idempotency-Key")
+	fs.Var(headerNameValue{&o.scopeHeader}, "scope-header", "header `NAME` whose value's SHA-256 scopes the keys; a protected request without it gets 401")
+	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through")
+	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
+	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
+	if err := fs.parse(args, e); err != nil {
+		return nil, err
+	}
+	if o.upstream == nil {
+		return nil, usageErrorf("--upstream (or %s) is required", envName("upstream"))
+	}
+	return o, nil
+}
+
+// storeValue is a store URL whose scheme names a store.
+type storeValue struct{ p *string }
+
+func (v storeValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return storeurl.Redact(*v.p)
+}
+
+func (v storeValue) Set(s string) error {
+	if storeurl.Kind(s) == "" {
+		return errors.New("want sqlite:PATH, memory:, postgres://… or redis://…")
+	}
+	*v.p = s
+	return nil
+}
+
+// config maps the options onto the middleware's configuration.
+func (o *proxyOptions) config(e *env) *idem.Config {
+	cfg := &idem.Config{
+		Methods:     o.methods,
+		RequireKey:  o.requireKey,
+		TTL:         o.ttl,
+		Lease:       o.lease,
+		Wait:        o.wait,
+		Profile:     idem.Profile(o.profile),
+		MaxBody:     o.maxBody,
+		MaxResponse: o.maxResponse,
+		Logger:      e.logger,
+	}
+	if o.scopeHeader != "" {
+		cfg.Scope = scopeFromHeader(o.scopeHeader)
+	}
+	return cfg
+}
+
+// errNoScope is the logged cause of the 401 for a request without the scope
+// header; the client sees the middleware's generic problem.
+var errNoScope = errors.New("the scope header is missing")
+
+// scopeFromHeader returns an idem.Config.Scope that takes the scope from the
+// header name: the hex SHA-256 of its value, so the value (often a
+// credential) is never stored or logged. Several field lines are joined with
+// ", ", as RFC 9110 §5.3 combines them.
+//
+// A covered request with an Idempotency-Key but without the header is
+// answered 401 problem+json (code "unauthorized") rather than given the
+// scope of the empty value: clients that forgot their credential must not
+// share one key space in which they could replay each other's answers.
+// Requests the middleware does not protect (other methods, no key) are
+// forwarded whatever their headers; the upstream does its own
+// authentication.
+func scopeFromHeader(name string) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		values := r.Header.Values(name)
+		if len(values) == 0 {
+			return "", errNoScope
+		}
+		sum := sha256.Sum256([]byte(strings.Join(values, ", ")))
+		return hex.EncodeToString(sum[:]), nil
+	}
+}
+
+func runProxy(ctx context.Context, e *env, args []string) (err error) {
+	o, err := parseProxy(args, e)
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := storeurl.Open(ctx, o.store)
+	if err != nil {
+		return fmt.Errorf("opening the store: %w", err)
+	}
+	defer func() {
+		if cerr := closeStore(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing the store: %w", cerr))
+		}
+	}()
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
+	defer upstream.CloseIdleConnections()
+	e.logger.Info("listening",
+		"addr", ln.Addr().String(),
+		"upstream", storeurl.Redact(o.upstream.String()),
+		"store", storeurl.Kind(o.store),
+		"store_url", storeurl.Redact(o.store),
+		"profile", o.profile,
+		"methods", strings.Join(o.methods, ","),
+		"scope_header", o.scopeHeader,
+	)
+	return serve(ctx, e, ln, idem.New(store, o.config(e))(upstream))
+}
