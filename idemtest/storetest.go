@@ -33,6 +33,12 @@
 // fenced, and recovery points survive releases and takeovers. Those tests
 // make no other store write while a transaction is open (SQLite has one
 // writer), but read with KeyGet, which must not block on it.
+//
+// Stores that implement idemstore.Waiter also run the Wait tests: KeyWait
+// returns at once for a record that is missing or not in progress, returns
+// after the record is finished or deleted, and honours its context. The
+// Waiter tests are the only ones that wait in real time, each bounded by a
+// few seconds.
 package idemtest
 
 import (
@@ -123,6 +129,10 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T, clock *Clock) idems
 	t.Run("Transactional", func(t *testing.T) {
 		t.Parallel()
 		testTransactional(t, setup)
+	})
+	t.Run("Wait", func(t *testing.T) {
+		t.Parallel()
+		testWait(t, setup)
 	})
 }
 
