@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -347,5 +348,21 @@ func TestTwoStoresOneFile(t *testing.T) {
 	}
 	if winners != 1 {
 		t.Fatalf("%d winners across two stores on one file, want 1", winners)
+	}
+}
+
+func TestOpenRelativePath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	s, err := idemsqlite.Open("idem.db", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, s, testID, "t1")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "idem.db")); err != nil {
+		t.Fatalf("the database is not in the working directory: %v", err)
 	}
 }
