@@ -26,6 +26,8 @@ const HeaderKey = "Idempotency-Key"
 // HeaderReplayed is set to "true" on every answer served from a stored response.
 const HeaderReplayed = "Idempotent-Replayed"
 
+var replayedTrue = []string{"true"}
+
 // New returns the idempotency middleware on store. A nil cfg means all
 // defaults (see Config).
 func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
@@ -135,13 +137,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, "The request body could not be read.", 0)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 
 	endpoint := m.endpoint(r)
 	a := &attempt{
-		m:  m,
-		id: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		fp: Fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.Fingerprint),
+		m:    m,
+		body: body,
+		id:   idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
+		fp:   Fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.Fingerprint),
 	}
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
@@ -252,14 +254,15 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.Re
 	if m.txStore != nil {
 		expired = idemstore.StateReleased
 	}
-	return m.store.KeyReserve(ctx, &idemstore.ReserveParams{
+	a.params = idemstore.ReserveParams{
 		Identity:          a.id,
 		Fingerprint:       a.fp,
 		Token:             a.token,
 		Lease:             m.cfg.Lease,
 		TTL:               m.cfg.TTL,
 		LeaseExpiredState: expired,
-	})
+	}
+	return m.store.KeyReserve(ctx, &a.params)
 }
 
 // storeFailed fails closed: 503 unless the development fail-open switch is on.
@@ -330,8 +333,7 @@ func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Re
 	for name, vs := range rec.Response.Header {
 		h[name] = vs
 	}
-	h.Set(HeaderReplayed, "true")
-	h.Set("Content-Length", fmt.Sprint(len(rec.Response.Body)))
+	h[HeaderReplayed] = replayedTrue[:1:1] // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
 }
@@ -370,8 +372,12 @@ func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record
 
 // execute runs the handler under the lease this request holds.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
-	rw := &recorder{w: w, max: m.cfg.MaxResponse}
-	stopRenew := m.renew(a)
+	rw := &a.rec
+	*rw = recorder{w: w, max: m.cfg.MaxResponse}
+	a.bodyReader.Reset(a.body)
+	r.Body = &a.bodyReader
+	a.renewer.start(a)
+	stopRenew := a.renewer.stop
 	a.recoveryPoint = rec.RecoveryPoint
 	ctx := context.WithValue(r.Context(), attemptKey{}, a)
 	if m.txStore != nil {
@@ -551,34 +557,56 @@ func (m *middleware) storedHeader(h http.Header) http.Header {
 	return out
 }
 
-// renew heartbeats the lease every Lease/3 until the returned stop is called.
-func (m *middleware) renew(a *attempt) (stop func()) {
-	done := make(chan struct{})
-	var once sync.Once
-	go func() {
-		t := time.NewTicker(m.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
-			start := time.Now()
-			err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
-			m.cfg.Metrics.StoreCall("renew", time.Since(start), err)
-			cancel()
-			if errors.Is(err, idemstore.ErrLeaseLost) {
-				m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-				return
-			}
-			if err != nil {
-				m.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
-			}
-		}
-	}()
-	return func() { once.Do(func() { close(done) }) }
+// renewer heartbeats the lease every Lease/3 while the handler runs, on a
+// timer rather than a goroutine per request.
+type renewer struct {
+	a       *attempt
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+}
+
+func (rn *renewer) start(a *attempt) {
+	rn.a = a
+	rn.t = time.AfterFunc(a.m.cfg.Lease/3, rn.fire)
+}
+
+func (rn *renewer) fire() {
+	a, m := rn.a, rn.a.m
+	rn.mu.Lock()
+	stopped := rn.stopped
+	rn.mu.Unlock()
+	if stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
+	start := time.Now()
+	err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
+	m.cfg.Metrics.StoreCall("renew", time.Since(start), err)
+	cancel()
+	if errors.Is(err, idemstore.ErrLeaseLost) {
+		m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		return
+	}
+	if err != nil {
+		m.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
+	rn.mu.Lock()
+	if !rn.stopped {
+		rn.t.Reset(m.cfg.Lease / 3)
+	}
+	rn.mu.Unlock()
+}
+
+// stop ends the heartbeat; it is safe to call more than once.
+func (rn *renewer) stop() {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.stopped || rn.t == nil {
+		return
+	}
+	rn.stopped = true
+	rn.t.Stop()
 }
 
 func (m *middleware) endpoint(r *http.Request) string {
@@ -602,16 +630,29 @@ func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err err
 	if r.ContentLength > limit {
 		return nil, true, nil
 	}
-	size := int64(512)
-	if r.ContentLength > 0 {
-		size = r.ContentLength + 1
+	if r.ContentLength >= 0 {
+		// net/http never delivers more than the declared length.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, body)
+		return body, false, err
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	if n > limit {
-		return nil, true, nil
+	body = make([]byte, 0, 512)
+	for {
+		if len(body) == cap(body) {
+			body = append(body, 0)[:len(body)]
+		}
+		n, err := r.Body.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if int64(len(body)) > limit {
+			return nil, true, nil
+		}
+		if err == io.EOF {
+			return body, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
 	}
-	return buf.Bytes(), false, err
 }
 
 func newToken() string {
@@ -629,6 +670,13 @@ type attempt struct {
 	unknown  atomic.Bool
 	rejected atomic.Bool
 	span     Span // nil without a Tracer
+
+	// Embedded so that one allocation serves the whole request.
+	body       []byte
+	bodyReader bodyReader
+	params     idemstore.ReserveParams
+	rec        recorder
+	renewer    renewer
 
 	// recoveryPoint is the last committed phase (transactional mode).
 	recoveryPoint string
@@ -669,6 +717,11 @@ func (a *attempt) decision(d Decision) {
 		a.span.SetAttribute("idem.decision", string(d))
 	}
 }
+
+// bodyReader gives the handler the body the middleware read.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // keyHash names the record in logs without revealing the key.
 func (a *attempt) keyHash() string { return identityHash(a.id)[:16] }

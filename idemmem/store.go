@@ -125,7 +125,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		}
 		s.records[p.Identity] = r
 		s.changed(p.Identity)
-		return &idemstore.ReserveResult{Reserved: true, Record: copyRecord(r)}, nil
+		return reserveResult(true, r), nil
 	}
 
 	if r.LeaseExpired(now) {
@@ -134,7 +134,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		s.changed(p.Identity)
 	}
 	if r.State != idemstore.StateReleased || r.Fingerprint != p.Fingerprint {
-		return &idemstore.ReserveResult{Record: copyRecord(r)}, nil
+		return reserveResult(false, r), nil
 	}
 
 	r.State = idemstore.StateInProgress
@@ -149,7 +149,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		r.LeaseExpiredState = p.LeaseExpiredState
 	}
 	s.changed(p.Identity)
-	return &idemstore.ReserveResult{Reserved: true, Record: copyRecord(r)}, nil
+	return reserveResult(true, r), nil
 }
 
 // KeyGet implements idemstore.Store.
@@ -423,6 +423,23 @@ func compareIdentity(a, b idemstore.Identity) int {
 		strings.Compare(a.Endpoint, b.Endpoint),
 		strings.Compare(a.Key, b.Key),
 	)
+}
+
+// reserveResult returns a result holding a deep copy of r, in one
+// allocation for the result, the record and the response (a replay is the
+// hot path).
+func reserveResult(reserved bool, r *idemstore.Record) *idemstore.ReserveResult {
+	b := &struct {
+		res  idemstore.ReserveResult
+		rec  idemstore.Record
+		resp idemstore.Response
+	}{rec: *r}
+	if r.Response != nil {
+		b.resp = idemstore.Response{Status: r.Response.Status, Header: r.Response.Header.Clone(), Body: bytes.Clone(r.Response.Body)}
+		b.rec.Response = &b.resp
+	}
+	b.res = idemstore.ReserveResult{Reserved: reserved, Record: &b.rec}
+	return &b.res
 }
 
 // copyRecord returns a deep copy of r.

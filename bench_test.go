@@ -1,0 +1,106 @@
+package idem_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemsqlite"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// benchBody is a ~200-byte JSON payment request.
+const benchBody = `{"customer_id":"cus_8f14e45fceea167a5a36dedd4bea2543","amount_cents":129900,"currency":"EUR",` +
+	`"description":"Order 2026-11-25 #48213","metadata":{"order_id":"48213","channel":"web"},"capture":true}`
+
+var benchHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"id":"pay_1","status":"pending","amount_cents":129900,"currency":"EUR"}`)
+})
+
+func benchRequest(key string) *http.Request {
+	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(benchBody))
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	return r
+}
+
+func BenchmarkBare(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		benchHandler.ServeHTTP(httptest.NewRecorder(), benchRequest("k"))
+	}
+}
+
+func BenchmarkMiddleware(b *testing.B) {
+	stores := map[string]func(b *testing.B) idemstore.Store{
+		"memory": func(b *testing.B) idemstore.Store { return idemmem.New(nil) },
+		"sqlite": func(b *testing.B) idemstore.Store {
+			s, err := idemsqlite.Open(filepath.Join(b.TempDir(), "bench.db"), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			return s
+		},
+	}
+	for _, name := range []string{"memory", "sqlite"} {
+		b.Run(name+"/first", func(b *testing.B) {
+			h := idem.New(stores[name](b), nil)(benchHandler)
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = "key-" + strconv.Itoa(i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				h.ServeHTTP(httptest.NewRecorder(), benchRequest(keys[i]))
+			}
+		})
+		b.Run(name+"/replay", func(b *testing.B) {
+			h := idem.New(stores[name](b), nil)(benchHandler)
+			h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, benchRequest("replayed"))
+				if w.Code != http.StatusCreated {
+					b.Fatal(w.Code)
+				}
+			}
+		})
+		b.Run(name+"/conflict", func(b *testing.B) {
+			store := stores[name](b)
+			h := idem.New(store, nil)(benchHandler)
+			// Hold the key the way a running attempt would.
+			fp := idem.Fingerprint("POST", "POST /v1/payments", "", "application/json", []byte(benchBody), idem.FingerprintConfig{})
+			_, err := store.KeyReserve(context.Background(), &idemstore.ReserveParams{
+				Identity:    idemstore.Identity{Endpoint: "POST /v1/payments", Key: "held"},
+				Fingerprint: fp, Token: "t", Lease: time.Hour, TTL: 2 * time.Hour, LeaseExpiredState: idemstore.StateUnknown,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, benchRequest("held"))
+				if w.Code != http.StatusConflict {
+					b.Fatal(w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
