@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -34,9 +35,9 @@ type bundle struct {
 	store Store
 	clock *idemtest.Clock
 	ctx   context.Context
-	// enqueue runs Enqueue in a transaction and commits (or rolls back when
-	// commit is false).
-	enqueue func(t *testing.T, m Message, commit bool) (int64, error)
+	// enqueue runs Enqueue for each message in one transaction and commits
+	// (or rolls back when commit is false).
+	enqueue func(t *testing.T, commit bool, ms ...Message) ([]int64, error)
 	// exec runs a statement outside the store.
 	exec func(sql string, args ...any) error
 	// migrator is the store's migrations API.
@@ -97,23 +98,27 @@ func setupSQLite(t *testing.T) *bundle {
 		clock:    clock,
 		ctx:      ctx,
 		migrator: s,
-		enqueue: func(t *testing.T, m Message, commit bool) (int64, error) {
+		enqueue: func(t *testing.T, commit bool, ms ...Message) ([]int64, error) {
 			t.Helper()
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tx.Rollback()
-			id, err := s.Enqueue(ctx, tx, m)
-			if err != nil {
-				return 0, err
+			var ids []int64
+			for _, m := range ms {
+				id, err := s.Enqueue(ctx, tx, m)
+				if err != nil {
+					return nil, err
+				}
+				ids = append(ids, id)
 			}
 			if commit {
 				if err := tx.Commit(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			return id, nil
+			return ids, nil
 		},
 		exec: func(q string, args ...any) error {
 			_, err := db.ExecContext(ctx, q, args...)
@@ -180,23 +185,27 @@ func setupPostgres(t *testing.T) *bundle {
 		clock:    clock,
 		ctx:      ctx,
 		migrator: s,
-		enqueue: func(t *testing.T, m Message, commit bool) (int64, error) {
+		enqueue: func(t *testing.T, commit bool, ms ...Message) ([]int64, error) {
 			t.Helper()
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tx.Rollback(ctx)
-			id, err := s.Enqueue(ctx, tx, m)
-			if err != nil {
-				return 0, err
+			var ids []int64
+			for _, m := range ms {
+				id, err := s.Enqueue(ctx, tx, m)
+				if err != nil {
+					return nil, err
+				}
+				ids = append(ids, id)
 			}
 			if commit {
 				if err := tx.Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
-			return id, nil
+			return ids, nil
 		},
 		exec: func(q string, args ...any) error {
 			_, err := pool.Exec(ctx, q, args...)
@@ -216,11 +225,26 @@ func message(k string) Message {
 // mustEnqueue enqueues and commits m.
 func (b *bundle) mustEnqueue(t *testing.T, m Message) int64 {
 	t.Helper()
-	id, err := b.enqueue(t, m, true)
+	return b.mustEnqueueAll(t, m)[0]
+}
+
+// mustEnqueueAll enqueues ms in one transaction and commits.
+func (b *bundle) mustEnqueueAll(t *testing.T, ms ...Message) []int64 {
+	t.Helper()
+	ids, err := b.enqueue(t, true, ms...)
 	if err != nil {
 		t.Fatalf("Enqueue: %v", err)
 	}
-	return id
+	return ids
+}
+
+// messages returns n valid messages with distinct keys.
+func messages(n int) []Message {
+	ms := make([]Message, n)
+	for i := range ms {
+		ms[i] = message(fmt.Sprint("k-", i))
+	}
+	return ms
 }
 
 // get reads a message and fails the test on error.

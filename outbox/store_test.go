@@ -38,7 +38,7 @@ func TestEnqueue(t *testing.T) {
 		})
 		t.Run("rolled back", func(t *testing.T) {
 			before := counts(t, b)
-			if _, err := b.enqueue(t, message("k-rolled-back"), false); err != nil {
+			if _, err := b.enqueue(t, false, message("k-rolled-back")); err != nil {
 				t.Fatal(err)
 			}
 			if after := counts(t, b); !reflect.DeepEqual(before, after) {
@@ -49,12 +49,12 @@ func TestEnqueue(t *testing.T) {
 		})
 		t.Run("duplicate", func(t *testing.T) {
 			b.mustEnqueue(t, message("k-dup"))
-			if _, err := b.enqueue(t, message("k-dup"), true); !errors.Is(err, ErrDuplicate) {
+			if _, err := b.enqueue(t, true, message("k-dup")); !errors.Is(err, ErrDuplicate) {
 				t.Errorf("second Enqueue: %v, want ErrDuplicate", err)
 			}
 			other := message("k-dup")
 			other.Topic = "provider.refund"
-			if _, err := b.enqueue(t, other, true); err != nil {
+			if _, err := b.enqueue(t, true, other); err != nil {
 				t.Errorf("same key on another topic: %v", err)
 			}
 		})
@@ -70,7 +70,7 @@ func TestEnqueue(t *testing.T) {
 			} {
 				m := message("k-invalid")
 				mod(&m)
-				if _, err := b.enqueue(t, m, true); !errors.Is(err, ErrInvalidMessage) {
+				if _, err := b.enqueue(t, true, m); !errors.Is(err, ErrInvalidMessage) {
 					t.Errorf("%s: %v, want ErrInvalidMessage", name, err)
 				}
 			}
@@ -365,9 +365,7 @@ func TestConcurrentClaims(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, b *bundle) {
 		const rows, claimers = 200, 8
-		for i := range rows {
-			b.mustEnqueue(t, message(fmt.Sprint("k-", i)))
-		}
+		b.mustEnqueueAll(t, messages(rows)...)
 		var (
 			mu      sync.Mutex
 			claimed = make(map[int64]int)
