@@ -115,9 +115,9 @@ func TestHelperProcess(t *testing.T) {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		out := bufio.NewWriter(os.Stdout)
-		for g := range 25 {
+		for g := range 8 {
 			wg.Go(func() {
-				for k := range 40 {
+				for k := range 20 {
 					key := fmt.Sprintf("k%02d", k)
 					if reserve(key, fmt.Sprintf("%d-%d-%s", os.Getpid(), g, key)) {
 						mu.Lock()
@@ -317,7 +317,7 @@ func TestProcessesRace(t *testing.T) {
 			t.Fatal("children did not finish in 60s")
 		}
 	}
-	for k := range 40 {
+	for k := range 20 {
 		key := fmt.Sprintf("k%02d", k)
 		if wins[key] != 1 {
 			t.Errorf("%s won %d times across %d processes, want once", key, wins[key], processes)
