@@ -18,9 +18,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
@@ -70,34 +72,97 @@ var storeKinds = []storeKind{
 	{"memory", openMemory},
 	{"sqlite", openSQLite},
 	{"postgres", openPostgres},
+	{"redis", openRedis},
 }
 
 func openMemory(t *testing.T, now func() time.Time) (idemstore.Store, bulkFunc) {
 	s := idemmem.New(&idemmem.Config{Now: now})
-	bulk := func(t *testing.T, ctx context.Context, n int, _ time.Time, ttl time.Duration) {
+	return s, bulkThroughAPI(s)
+}
+
+// bulkThroughAPI makes the records of a bulk insert with the store's own
+// methods, on a few goroutines.
+func bulkThroughAPI(s idemstore.Store) bulkFunc {
+	return func(t *testing.T, ctx context.Context, n int, _ time.Time, ttl time.Duration) {
 		t.Helper()
-		for i := range n {
-			p := &idemstore.ReserveParams{Identity: id(i), Fingerprint: testFingerprint, Token: fmt.Sprintf("bulk-%05d", i),
-				Lease: testLease, TTL: ttl, LeaseExpiredState: idemstore.StateUnknown}
-			if _, err := s.KeyReserve(ctx, p); err != nil {
-				t.Fatalf("KeyReserve: %v", err)
-			}
-			f := &idemstore.FinishParams{Identity: p.Identity, Token: p.Token}
-			var err error
-			switch i % 3 {
-			case 0:
-				err = s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: p.Identity, Token: p.Token, Response: &idemstore.Response{Status: 201}})
-			case 1:
-				err = s.KeyRelease(ctx, f)
-			case 2:
-				err = s.KeyMarkUnknown(ctx, f)
-			}
-			if err != nil {
-				t.Fatalf("finishing %v: %v", p.Identity, err)
-			}
+		const workers = 32
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < n; i += workers {
+					if err := bulkRecord(ctx, s, i, ttl); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
 		}
 	}
-	return s, bulk
+}
+
+// bulkRecord makes record i of a bulk insert.
+func bulkRecord(ctx context.Context, s idemstore.Store, i int, ttl time.Duration) error {
+	p := &idemstore.ReserveParams{Identity: id(i), Fingerprint: testFingerprint, Token: fmt.Sprintf("bulk-%05d", i),
+		Lease: testLease, TTL: ttl, LeaseExpiredState: idemstore.StateUnknown}
+	if _, err := s.KeyReserve(ctx, p); err != nil {
+		return fmt.Errorf("KeyReserve(%v): %w", p.Identity, err)
+	}
+	f := &idemstore.FinishParams{Identity: p.Identity, Token: p.Token}
+	var err error
+	switch i % 3 {
+	case 0:
+		err = s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: p.Identity, Token: p.Token, Response: &idemstore.Response{Status: 201}})
+	case 1:
+		err = s.KeyRelease(ctx, f)
+	case 2:
+		err = s.KeyMarkUnknown(ctx, f)
+	}
+	if err != nil {
+		return fmt.Errorf("finishing %v: %w", p.Identity, err)
+	}
+	return nil
+}
+
+func openRedis(t *testing.T, now func() time.Time) (idemstore.Store, bulkFunc) {
+	t.Helper()
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatalf("IDEM_TEST_REDIS_URL: %v", err)
+	}
+	client := redis.NewClient(opts)
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "idemmaint-test:" + hex.EncodeToString(b) + ":"
+	t.Cleanup(func() {
+		defer client.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("listing the test keys: %v", err)
+			return
+		}
+		for len(keys) > 0 {
+			n := min(len(keys), 1000)
+			if err := client.Unlink(ctx, keys[:n]...).Err(); err != nil {
+				t.Errorf("deleting the test keys: %v", err)
+				return
+			}
+			keys = keys[n:]
+		}
+	})
+	s := idemredis.New(client, &idemredis.Config{Prefix: prefix, Now: now})
+	return s, bulkThroughAPI(s)
 }
 
 // bulkStates is the state of record i of a bulk insert, in SQL.
