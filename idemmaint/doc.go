@@ -1,5 +1,5 @@
 // Package idemmaint runs the background maintenance of an idem store: the
-// sweeper, the reaper and the reconciler of SPEC section 6.
+// sweeper, the reaper and the reconciler.
 //
 //   - The sweeper turns in_progress records whose lease expired into their
 //     lease-expired state (unknown, or released in transactional mode) and
@@ -20,9 +20,16 @@
 //	if err := m.Start(ctx); err != nil { ... }
 //	defer m.Stop()
 //
-// Several maintainers may run against one shared store: sweeping, reaping
-// and resolving are single fenced statements, so a record settled by one
-// maintainer is skipped by the others (the loser logs it at info).
+// The three jobs run independently, each on its own interval, with a
+// timeout and bounded batches per pass; RunOnce runs one pass of each (for a
+// cron-style "maintain --once"). Several maintainers may run against one
+// shared store: sweeping, reaping and resolving are atomic store operations
+// and resolutions are fenced on the record's token, so a record settled by
+// one maintainer is skipped by the others (the loser logs it at info).
+//
+// Stats returns counters and gauges for metrics: totals swept, reaped and
+// reconciled, the unknown backlog, the unresolved records and the age of the
+// oldest in-progress attempt.
 //
 // Logs never carry a raw idempotency key: records are named by key_hash, a
 // short SHA-256 of their scope, endpoint and key (the same hash the
