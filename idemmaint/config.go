@@ -70,6 +70,10 @@ type Config struct {
 
 	// OnSweep, when set, is called after every sweep pass with the number
 	// of records swept and the pass's error. Defaults to nil.
+	//
+	// The hooks run on the goroutine of the pass, before the next pass of
+	// the same job can start: they should return quickly and must not call
+	// the Maintainer's pass methods (Sweep, Reap, Reconcile, RunOnce).
 	OnSweep func(n int, err error)
 	// OnReap, when set, is called after every reap pass with the number of
 	// records deleted and the pass's error. Defaults to nil.

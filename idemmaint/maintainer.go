@@ -74,7 +74,8 @@ type Stats struct {
 	UnknownBacklogTruncated bool
 	// OldestInProgress is the age (since StartedAt) of the oldest
 	// in_progress record with a live lease, among the first
-	// Config.ScanLimit listed; zero when there is none.
+	// Config.ScanLimit listed; zero when there is none. It is measured
+	// after each background reconciliation pass and by RunOnce.
 	OldestInProgress time.Duration
 
 	// LastSweep, LastReap and LastReconcile are when the last pass of each
