@@ -221,8 +221,8 @@ func responseArgs(resp *idemstore.Response, notReplayable bool) (status, header,
 	return resp.Status, string(b), rb, 0, nil
 }
 
-// leaseExpiredState is what an expired lease of a record made by p turns
-// into.
+// leaseExpiredState is the state an expired lease turns into, given the
+// record's (or the reservation's) LeaseExpiredState: unknown unless released.
 func leaseExpiredState(s idemstore.State) idemstore.State {
 	if s == idemstore.StateReleased {
 		return idemstore.StateReleased
@@ -474,10 +474,10 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 		query.WriteString(" AND endpoint = " + arg(p.Endpoint))
 	}
 	if !p.CreatedBefore.IsZero() {
-		// Strictly before, at the columns' microsecond precision.
-		cb := p.CreatedBefore
-		us := cb.UnixMicro()
-		if !time.UnixMicro(us).Equal(cb) && cb.After(time.UnixMicro(us)) {
+		// Strictly before; created_at is whole microseconds, so a bound
+		// with a fraction of one keeps the microsecond it falls in.
+		us := p.CreatedBefore.UnixMicro()
+		if p.CreatedBefore.After(time.UnixMicro(us)) {
 			us++
 		}
 		query.WriteString(" AND created_at < " + arg(us))
