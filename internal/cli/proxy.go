@@ -103,6 +103,9 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 		MaxBody:     o.maxBody,
 		MaxResponse: o.maxResponse,
 		Logger:      e.logger,
+		// The upstream routes on the path as sent, so /a%2Fb and /a/b are
+		// different endpoints, as they may be different resources.
+		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
 	}
 	if o.scopeHeader != "" {
 		cfg.Scope = scopeFromHeader(o.scopeHeader)

@@ -238,19 +238,7 @@ func TestProxyServes(t *testing.T) {
 	base, e, stop := startProxy(t, "--upstream", upURL, "--store", "memory:", "--scope-header", "X-Tenant")
 
 	post := func(key, tenant string) (*http.Response, string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payments", strings.NewReader(`{"amount":1}`))
-		req.Header.Set("Idempotency-Key", key)
-		if tenant != "" {
-			req.Header.Set("X-Tenant", tenant)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp, string(body)
+		return postTo(t, base+"/v1/payments", key, tenant)
 	}
 	r1, b1 := post("k", "acme")
 	r2, b2 := post("k", "acme")
@@ -271,6 +259,17 @@ func TestProxyServes(t *testing.T) {
 	if n := calls.Load(); n != 2 {
 		t.Errorf("upstream called %d times, want 2", n)
 	}
+	// The endpoint is the path as sent: an escaped slash is another
+	// resource, hence another record, not a replay.
+	if r5, _ := postTo(t, base+"/v1/a%2Fb", "k2", "acme"); r5.StatusCode != http.StatusCreated || r5.Header.Get(idem.HeaderReplayed) != "" {
+		t.Errorf("/v1/a%%2Fb = %d replayed=%q, want a fresh 201", r5.StatusCode, r5.Header.Get(idem.HeaderReplayed))
+	}
+	if r6, _ := postTo(t, base+"/v1/a/b", "k2", "acme"); r6.StatusCode != http.StatusCreated || r6.Header.Get(idem.HeaderReplayed) != "" {
+		t.Errorf("/v1/a/b after /v1/a%%2Fb with the same key = %d replayed=%q, want a fresh 201", r6.StatusCode, r6.Header.Get(idem.HeaderReplayed))
+	}
+	if n := calls.Load(); n != 4 {
+		t.Errorf("upstream called %d times, want 4", n)
+	}
 
 	if code := stop(); code != ExitOK {
 		t.Errorf("exit code = %d, want 0; stderr: %s", code, e.stderr)
@@ -287,6 +286,24 @@ func TestProxyServes(t *testing.T) {
 	if !regexp.MustCompile(`addr=127\.0\.0\.1:\d+`).MatchString(logs) {
 		t.Errorf("logs lack the bound address:\n%s", logs)
 	}
+}
+
+// postTo posts a JSON body with an Idempotency-Key and, unless empty, an
+// X-Tenant header.
+func postTo(t *testing.T, url, key, tenant string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Idempotency-Key", key)
+	if tenant != "" {
+		req.Header.Set("X-Tenant", tenant)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
 }
 
 // On shutdown the request in flight completes before the command returns 0.
