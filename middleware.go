@@ -724,20 +724,8 @@ type bodyReader struct{ bytes.Reader }
 func (*bodyReader) Close() error { return nil }
 
 // keyHash names the record in logs without revealing the key.
-func (a *attempt) keyHash() string { return identityHash(a.id)[:16] }
+func (a *attempt) keyHash() string { return a.id.LogHash() }
 
-func identityHash(id idemstore.Identity) string {
-	h := sha256.New()
-	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		for i, l := 0, uint64(len(s)); i < 8; i++ {
-			n[7-i] = byte(l >> (8 * i))
-		}
-		h.Write(n[:])
-		io.WriteString(h, s)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
 
 type attemptKey struct{}
 
@@ -797,7 +785,7 @@ func DerivedKey(ctx context.Context, name string) string {
 // DeriveKey is DerivedKey for a known identity, for workers outside a request.
 func DeriveKey(id idemstore.Identity, name string) string {
 	h := sha256.New()
-	io.WriteString(h, identityHash(id))
+	io.WriteString(h, id.Hash())
 	io.WriteString(h, name)
 	return "idem-" + hex.EncodeToString(h.Sum(nil))[:40]
 }

@@ -2,11 +2,8 @@ package idemmaint
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
@@ -133,19 +130,5 @@ func recordAttrs(rec *idemstore.Record) []slog.Attr {
 	}
 }
 
-// keyHash is the short hash that names a record in logs: the first 16 hex
-// digits of the SHA-256 of its scope, endpoint and key, each prefixed with
-// its length as 8 big-endian bytes. It is the middleware's key_hash, so the
-// two logs can be joined.
-func keyHash(id idemstore.Identity) string {
-	h := sha256.New()
-	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		for i, l := 0, uint64(len(s)); i < 8; i++ {
-			n[7-i] = byte(l >> (8 * i))
-		}
-		h.Write(n[:])
-		io.WriteString(h, s)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
+// keyHash is the record's key_hash in logs, shared with the middleware.
+func keyHash(id idemstore.Identity) string { return id.LogHash() }
