@@ -228,6 +228,11 @@ func (v httpURLValue) Set(s string) error {
 	if u.Fragment != "" {
 		return errors.New("a fragment is not allowed")
 	}
+	if u.User != nil {
+		// The proxy would not send them: the upstream gets the client's own
+		// Authorization header.
+		return errors.New("credentials in the URL are not supported")
+	}
 	*v.p = u
 	return nil
 }
