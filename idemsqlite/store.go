@@ -186,7 +186,7 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 		r.Response = &idemstore.Response{Status: int(status.Int64), Body: body}
 		if header.Valid {
 			if err := json.Unmarshal([]byte(header.String), &r.Response.Header); err != nil {
-				return nil, fmt.Errorf("decoding the stored header of %q: %w", r.Key, err)
+				return nil, fmt.Errorf("decoding the stored header of record %s: %w", r.LogHash(), err)
 			}
 		}
 		if r.Response.Body == nil {
