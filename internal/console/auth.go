@@ -1,0 +1,259 @@
+package console
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cookieName is the session cookie's name.
+const cookieName = "idem_console"
+
+// keys are the secrets derived from the console token. The token itself is
+// kept only as the HMAC it must match.
+type keys struct {
+	compare []byte // HMAC key for comparing tokens in constant time
+	want    []byte // HMAC(compare, token)
+	session []byte // HMAC key of the session cookie
+	csrf    []byte // HMAC key of the CSRF tokens
+	ref     cipher.AEAD
+}
+
+// deriveKeys derives every console secret from token, each under its own
+// label.
+func deriveKeys(token string) keys {
+	derive := func(label string) []byte {
+		h := hmac.New(sha256.New, []byte(token))
+		h.Write([]byte("idem-console/" + label))
+		return h.Sum(nil)
+	}
+	k := keys{compare: derive("compare"), session: derive("session"), csrf: derive("csrf")}
+	k.want = mac(k.compare, token)
+	block, err := aes.NewCipher(derive("ref")) // 32 bytes: AES-256
+	if err != nil {
+		panic("console: " + err.Error()) // unreachable: the key size is fixed
+	}
+	if k.ref, err = cipher.NewGCM(block); err != nil {
+		panic("console: " + err.Error())
+	}
+	return k
+}
+
+// mac returns HMAC-SHA256(key, msg).
+func mac(key []byte, msg string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(msg))
+	return h.Sum(nil)
+}
+
+// checkToken reports, in constant time, whether got is the console token.
+func (k *keys) checkToken(got string) bool {
+	return hmac.Equal(mac(k.compare, got), k.want)
+}
+
+// sessionValue returns the cookie value of a session issued at issued: the
+// issue time and its HMAC, never the token.
+func (k *keys) sessionValue(issued time.Time) string {
+	payload := "v1." + strconv.FormatInt(issued.Unix(), 10)
+	return payload + "." + base64.RawURLEncoding.EncodeToString(mac(k.session, payload))
+}
+
+// checkSession reports whether v is a session cookie value issued by this
+// console that has not expired at now.
+func (k *keys) checkSession(v string, now time.Time, ttl time.Duration) bool {
+	i := strings.LastIndexByte(v, '.')
+	if i < 0 || !strings.HasPrefix(v, "v1.") {
+		return false
+	}
+	payload, sig := v[:i], v[i+1:]
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, mac(k.session, payload)) {
+		return false
+	}
+	unix, err := strconv.ParseInt(strings.TrimPrefix(payload, "v1."), 10, 64)
+	if err != nil {
+		return false
+	}
+	issued := time.Unix(unix, 0)
+	return now.Before(issued.Add(ttl)) && !issued.After(now.Add(time.Minute))
+}
+
+// csrfToken returns the CSRF token of a session.
+func (k *keys) csrfToken(s *session) string {
+	return base64.RawURLEncoding.EncodeToString(mac(k.csrf, s.id))
+}
+
+// checkCSRF reports, in constant time, whether got is the session's CSRF
+// token.
+func (k *keys) checkCSRF(s *session, got string) bool {
+	return got != "" && hmac.Equal([]byte(got), []byte(k.csrfToken(s)))
+}
+
+// session is an authenticated operator.
+type session struct {
+	// id is what the CSRF token is derived from: the cookie value, or
+	// "bearer" for a request authenticated by its Authorization header.
+	id string
+	// operator names the session in audit lines without revealing it.
+	operator string
+}
+
+type sessionKey struct{}
+
+// sessionFrom returns the request's session, set by ServeHTTP.
+func sessionFrom(r *http.Request) *session {
+	s, _ := r.Context().Value(sessionKey{}).(*session)
+	return s
+}
+
+// authenticate checks the request's bearer token or, without an
+// Authorization header, its session cookie. A request with a wrong bearer
+// token fails even with a valid cookie.
+func (c *console) authenticate(r *http.Request) (*session, bool) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		scheme, tok, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || !c.keys.checkToken(strings.TrimSpace(tok)) {
+			return nil, false
+		}
+		return &session{id: "bearer", operator: "bearer"}, true
+	}
+	ck, err := r.Cookie(cookieName)
+	if err != nil || !c.keys.checkSession(ck.Value, c.cfg.Now(), c.cfg.SessionTTL) {
+		return nil, false
+	}
+	sum := sha256.Sum256([]byte(ck.Value))
+	return &session{id: ck.Value, operator: "session " + hex.EncodeToString(sum[:4])}, true
+}
+
+// login serves the login form (GET) and checks a login (POST), which sets
+// the session cookie.
+func (c *console) login(w http.ResponseWriter, r *http.Request) {
+	next := c.safeNext(r.URL.Query().Get("next"))
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		if _, ok := c.authenticate(r); ok {
+			http.Redirect(w, r, next, http.StatusSeeOther)
+			return
+		}
+		c.renderLogin(w, r, http.StatusOK, next, "")
+		return
+	case http.MethodPost:
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		c.renderError(w, r, http.StatusMethodNotAllowed, "Method not allowed", "The login accepts GET and POST.")
+		return
+	}
+	if err := c.cop.Check(r); err != nil {
+		c.forbidden(w, r, "This login came from another site.")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		c.renderError(w, r, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	next = c.safeNext(r.PostForm.Get("next"))
+	if !c.loginAllowed() {
+		w.Header().Set("Retry-After", "60")
+		c.renderLogin(w, r, http.StatusTooManyRequests, next, "Too many failed logins: wait a minute.")
+		return
+	}
+	if !c.keys.checkToken(r.PostForm.Get("token")) {
+		c.loginFailed()
+		c.cfg.Logger.Warn("idem console: login failed", slog.String("remote_addr", r.RemoteAddr))
+		c.unauthorizedLogin(w, r, next, "Wrong token.")
+		return
+	}
+	value := c.keys.sessionValue(c.cfg.Now())
+	http.SetCookie(w, &http.Cookie{
+		Name:     cookieName,
+		Value:    value,
+		Path:     c.cfg.Prefix + "/",
+		MaxAge:   int(c.cfg.SessionTTL / time.Second),
+		HttpOnly: true,
+		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		SameSite: http.SameSiteStrictMode,
+	})
+	sum := sha256.Sum256([]byte(value))
+	c.cfg.Logger.Info("idem console: login", slog.String("operator", "session "+hex.EncodeToString(sum[:4])),
+		slog.String("remote_addr", r.RemoteAddr))
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// logout clears the session cookie. (The cookie's value stays valid until
+// it expires: sessions are stateless. Change the token to end them all.)
+func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{
+		Name:     cookieName,
+		Value:    "",
+		Path:     c.cfg.Prefix + "/",
+		MaxAge:   -1,
+		HttpOnly: true,
+		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		SameSite: http.SameSiteStrictMode,
+	})
+	c.cfg.Logger.Info("idem console: logout", slog.String("operator", sessionFrom(r).operator))
+	http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+}
+
+// loginAllowed reports whether the failed logins of the current minute are
+// under the limit.
+func (c *console) loginAllowed() bool {
+	c.loginMu.Lock()
+	defer c.loginMu.Unlock()
+	now := c.cfg.Now()
+	if now.Sub(c.loginWindow) >= time.Minute || now.Before(c.loginWindow) {
+		c.loginWindow, c.loginFailures = now, 0
+	}
+	return c.loginFailures < c.cfg.MaxLoginFailures
+}
+
+// loginFailed counts a failed login in the current minute.
+func (c *console) loginFailed() {
+	c.loginMu.Lock()
+	defer c.loginMu.Unlock()
+	c.loginFailures++
+}
+
+// safeNext returns next when it is a path inside the console, and the
+// overview otherwise (no open redirect).
+func (c *console) safeNext(next string) string {
+	home := c.cfg.Prefix + "/"
+	u, err := url.Parse(next)
+	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.User != nil ||
+		!strings.HasPrefix(next, home) || strings.ContainsAny(next, "\\\r\n") || strings.HasPrefix(next, "//") {
+		return home
+	}
+	return next
+}
+
+// unauthorized answers 401 with the login form, which returns to the
+// requested page after the login.
+func (c *console) unauthorized(w http.ResponseWriter, r *http.Request, msg string) {
+	next := c.cfg.Prefix + "/"
+	if r.Method == http.MethodGet {
+		next = c.safeNext(r.URL.RequestURI())
+	}
+	c.unauthorizedLogin(w, r, next, msg)
+}
+
+func (c *console) unauthorizedLogin(w http.ResponseWriter, r *http.Request, next, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="idem console"`)
+	c.renderLogin(w, r, http.StatusUnauthorized, next, msg)
+}
+
+// forbidden answers 403: a failed CSRF or origin check.
+func (c *console) forbidden(w http.ResponseWriter, r *http.Request, msg string) {
+	c.cfg.Logger.Warn("idem console: request refused", slog.String("reason", msg),
+		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("remote_addr", r.RemoteAddr))
+	c.renderError(w, r, http.StatusForbidden, "Forbidden", msg)
+}
