@@ -2,8 +2,8 @@ package console_test
 
 import (
 	"bytes"
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"html"
 	"io"
 	"log/slog"
