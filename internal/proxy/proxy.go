@@ -137,6 +137,8 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	if prior := pr.In.Header.Values("X-Forwarded-For"); len(prior) > 0 {
 		pr.Out.Header["X-Forwarded-For"] = prior
 	}
+	// Forwarded (RFC 7239) passes through as it came; the proxy adds only
+	// the X-Forwarded-* headers.
 	if fwd := pr.In.Header.Values("Forwarded"); len(fwd) > 0 {
 		pr.Out.Header["Forwarded"] = fwd
 	}
@@ -152,11 +154,14 @@ func joinQuery(a, b string) string {
 
 // fail answers a failed upstream exchange with a problem+json 502 or 504.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached."
-	if errors.Is(err, context.DeadlineExceeded) {
-		status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time."
-	}
 	sent := !neverSent(err)
+	status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached."
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time."
+	case sent:
+		detail = "The upstream service broke off the exchange."
+	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request failed",
 		slog.String("method", r.Method),
 		slog.String("upstream", h.upstream.Redacted()),
