@@ -97,6 +97,7 @@ func TestForwardsFaithfully(t *testing.T) {
 			req.Header.Add("X-Multi", "one")
 			req.Header.Add("X-Multi", "two")
 			req.Header.Set("X-Forwarded-For", "203.0.113.7")
+			req.Header.Set("Forwarded", "for=203.0.113.7")
 			req.Header.Set("Connection", "X-Hop")
 			req.Header.Set("X-Hop", "dropped")
 			req.Header.Set("Keep-Alive", "timeout=5")
@@ -146,6 +147,7 @@ func TestForwardsFaithfully(t *testing.T) {
 				"X-Forwarded-For":   "203.0.113.7, 127.0.0.1",
 				"X-Forwarded-Host":  mustURL(t, front.URL).Host,
 				"X-Forwarded-Proto": "http",
+				"Forwarded":         "for=203.0.113.7",
 			} {
 				if v := strings.Join(got.Header.Values(name), ", "); v != want {
 					t.Errorf("upstream saw %s = %q, want %q", name, v, want)
@@ -215,6 +217,37 @@ func TestUpstreamTimeoutIs504AndUnknown(t *testing.T) {
 	defer p.CloseIdleConnections()
 	h := protect(p)
 	assertProblem(t, post(h, "k"), http.StatusGatewayTimeout, CodeUpstreamTimeout)
+	assertProblem(t, post(h, "k"), http.StatusConflict, idem.CodeOutcomeUnknown)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("upstream called %d times, want 1", n)
+	}
+}
+
+// An upstream that takes the request and drops the connection may have
+// acted: 502, and the key's outcome is unknown.
+func TestBrokenExchangeIs502AndUnknown(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.ReadAll(r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijacking: %v", err)
+			return
+		}
+		conn.Close() // no answer at all
+	}))
+	defer up.Close()
+	p := New(mustURL(t, up.URL), &Config{Logger: quietLogger()})
+	defer p.CloseIdleConnections()
+	h := protect(p)
+
+	rec := post(h, "k")
+	assertProblem(t, rec, http.StatusBadGateway, CodeUpstreamUnavailable)
+	if !strings.Contains(rec.Body.String(), "broke off") {
+		t.Errorf("detail = %s, want it to say the exchange broke off", rec.Body)
+	}
 	assertProblem(t, post(h, "k"), http.StatusConflict, idem.CodeOutcomeUnknown)
 	if n := calls.Load(); n != 1 {
 		t.Errorf("upstream called %d times, want 1", n)
