@@ -155,7 +155,7 @@ func (c *console) decisionRows(totals map[string]float64, now time.Time) ([]deci
 		}
 		rows = append(rows, row)
 	}
-	note := "Totals since the process started. Rates appear from the second view on."
+	note := "Totals since the process started. Rates appear when two views are at least a second apart."
 	if window > 0 {
 		note = "Totals since the process started; rates over the last " + short(window) + "."
 	}

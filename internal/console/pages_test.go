@@ -283,7 +283,7 @@ func TestOverview(t *testing.T) {
 	page := b.get(t, "/_idem/").Body.String()
 	for _, want := range []string{
 		`id="count-unknown">2<`, `id="count-completed">3&#43;<`, `id="count-in_progress">1<`, `id="count-released">0<`,
-		"Unknown backlog", "Rates appear from the second view on",
+		"Unknown backlog", "Rates appear when two views",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the overview lacks %q:\n%s", want, page)

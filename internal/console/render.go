@@ -40,12 +40,12 @@ table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.35rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-weight:600;color:var(--muted);font-size:.85rem}
 .kv th{width:11rem}
-.num{text-align:right;font-variant-numeric:tabular-nums}
+.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.warn td,.warn{color:var(--warn);background:var(--warnbg)}
 .list{background:var(--card);border:1px solid var(--line)}
-code,pre{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
+code,pre{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
 pre.body{white-space:pre-wrap;background:#f2f4f7;padding:.7rem;border-radius:6px;max-height:24rem;overflow:auto}
-.key{font-family:ui-monospace,monospace;word-break:break-all}
+.key{font-family:ui-monospace,monospace;overflow-wrap:anywhere}
 .payload{display:block;max-width:24rem;max-height:4.5rem;overflow:hidden}
 .err{color:var(--err);max-width:20rem}
 .muted{color:var(--muted);font-size:.88rem}
