@@ -129,8 +129,9 @@ func TestSpansOfACreatedRequest(t *testing.T) {
 	if got, _ := attr(req, "idem.endpoint"); got != "POST /v1/payments" {
 		t.Errorf("idem.endpoint = %q, want POST /v1/payments", got)
 	}
-	if got, ok := attr(req, "idem.key_hash"); !ok || len(got) < 8 {
-		t.Errorf("idem.key_hash = %q, want a hash", got)
+	want := idemstore.Identity{Endpoint: "POST /v1/payments", Key: rawKey}.LogHash()
+	if got, _ := attr(req, "idem.key_hash"); got != want {
+		t.Errorf("idem.key_hash = %q, want the record's log hash %q", got, want)
 	}
 	if got := req.InstrumentationScope().Name; got != idemotel.ScopeName {
 		t.Errorf("instrumentation scope = %q, want %q", got, idemotel.ScopeName)

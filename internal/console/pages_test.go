@@ -411,3 +411,18 @@ type downStore struct{ idemstore.Store }
 func (downStore) KeyList(context.Context, *idemstore.ListParams) ([]*idemstore.Record, error) {
 	return nil, fmt.Errorf("dial tcp: connection refused")
 }
+
+func TestKeyHashJoinsTheOtherLogs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	unknown(t, b.store, testIdentity)
+	page := openKey(t, b)
+	want := testIdentity.LogHash()
+	if !strings.Contains(page, want) {
+		t.Fatalf("the key page does not show key_hash %s", want)
+	}
+	b.post(t, "/_idem/key/resolve", url.Values{"csrf": {formValue(t, page, "csrf")}, "ref": {formValue(t, page, "ref")}, "to": {"released"}})
+	if !strings.Contains(b.logs.String(), "key_hash="+want) {
+		t.Fatalf("the audit line does not carry key_hash=%s:\n%s", want, b.logs)
+	}
+}

@@ -2,9 +2,7 @@ package console
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -62,19 +60,7 @@ func (k *keys) open(s string) (ref, error) {
 	return r, nil
 }
 
-// keyHash is the short hash that names a record in logs: the first 16 hex
-// digits of the SHA-256 of its scope, endpoint and key, each prefixed with
-// its length as 8 big-endian bytes. It is the middleware's and the
-// maintainer's key_hash, so the console's audit lines join their logs.
-func keyHash(id idemstore.Identity) string {
-	h := sha256.New()
-	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		for i, l := 0, uint64(len(s)); i < 8; i++ {
-			n[7-i] = byte(l >> (8 * i))
-		}
-		h.Write(n[:])
-		_, _ = io.WriteString(h, s)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
+// keyHash is the key_hash that names a record in logs
+// (idemstore.Identity.LogHash), the same as the middleware's and the
+// maintainer's, so the console's audit lines join their logs.
+func keyHash(id idemstore.Identity) string { return id.LogHash() }
