@@ -160,6 +160,10 @@ type Config struct {
 	// available_at, and the time of params whose Now is zero. Defaults to
 	// time.Now.
 	Now func() time.Time
+	// Schema is the PostgreSQL schema of PgxStore's tables; Migrate creates
+	// it when it is missing. Defaults to "": the first schema of the
+	// connection's search_path. SQLiteStore ignores it.
+	Schema string
 }
 
 func (c *Config) withDefaults() Config {

@@ -15,13 +15,14 @@ import (
 // PgxStore is the outbox on PostgreSQL through pgx v5. It is safe for
 // concurrent use.
 //
-// Its tables are found through the connection's search_path: to keep them
-// in a schema of their own, set search_path in the pool's configuration
-// (pgxpool.Config.ConnConfig.RuntimeParams).
+// Its tables live in Config.Schema, or, when that is empty, in the first
+// schema of the connection's search_path (set it in the pool's
+// configuration, pgxpool.Config.ConnConfig.RuntimeParams).
 type PgxStore struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	q    *queries
+	pool   *pgxpool.Pool
+	cfg    Config
+	schema string // quoted identifier, or "" for the search_path
+	q      *queries
 }
 
 var _ Store = (*PgxStore)(nil)
@@ -29,8 +30,16 @@ var _ Store = (*PgxStore)(nil)
 // NewPgx returns the outbox store on pool, which the caller owns. cfg may
 // be nil. Call Migrate before use.
 func NewPgx(pool *pgxpool.Pool, cfg *Config) *PgxStore {
-	return &PgxStore{pool: pool, cfg: cfg.withDefaults(), q: postgresQueries}
+	c := cfg.withDefaults()
+	var schema string
+	if c.Schema != "" {
+		schema = pgx.Identifier{c.Schema}.Sanitize()
+	}
+	return &PgxStore{pool: pool, cfg: c, schema: schema, q: postgresQueries(schema)}
 }
+
+// table returns the qualified name of one of the store's tables.
+func (s *PgxStore) table(name string) string { return withSchema("{{schema}}"+name, s.schema) }
 
 func (s *PgxStore) now() time.Time { return micro(s.cfg.Now()) }
 
@@ -232,10 +241,10 @@ func (s *PgxStore) Migrate(ctx context.Context) ([]Migration, error) {
 			if _, ok := applied[m.Version]; ok {
 				continue
 			}
-			if _, err := tx.Exec(ctx, m.up); err != nil {
+			if _, err := tx.Exec(ctx, withSchema(m.up, s.schema)); err != nil {
 				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO idem_outbox_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+			_, err := tx.Exec(ctx, "INSERT INTO "+s.table("idem_outbox_migrations")+" (version, name, applied_at) VALUES ($1, $2, $3)",
 				m.Version, m.Name, now)
 			if err != nil {
 				return fmt.Errorf("recording %03d_%s: %w", m.Version, m.Name, err)
@@ -261,10 +270,10 @@ func (s *PgxStore) MigrateDown(ctx context.Context) (*Migration, error) {
 			if _, ok := applied[m.Version]; !ok {
 				continue
 			}
-			if _, err := tx.Exec(ctx, m.down); err != nil {
+			if _, err := tx.Exec(ctx, withSchema(m.down, s.schema)); err != nil {
 				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "DELETE FROM idem_outbox_migrations WHERE version = $1", m.Version); err != nil {
+			if _, err := tx.Exec(ctx, "DELETE FROM "+s.table("idem_outbox_migrations")+" WHERE version = $1", m.Version); err != nil {
 				return fmt.Errorf("unrecording %03d_%s: %w", m.Version, m.Name, err)
 			}
 			reverted = &m
@@ -281,7 +290,7 @@ func (s *PgxStore) MigrateDown(ctx context.Context) (*Migration, error) {
 // MigrationStatus returns every embedded migration with its state in the
 // database. It writes nothing.
 func (s *PgxStore) MigrationStatus(ctx context.Context) ([]Migration, error) {
-	applied, err := readPgxApplied(ctx, s.pool)
+	applied, err := s.readApplied(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading migration status: %w", err)
 	}
@@ -289,22 +298,40 @@ func (s *PgxStore) MigrationStatus(ctx context.Context) ([]Migration, error) {
 }
 
 // migrateTx runs f in a transaction that holds the schema's migration lock
-// and has the migrations table in place.
+// and has the schema and the migrations table in place.
 func (s *PgxStore) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[int]time.Time) error) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var schema *string
-		if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-			return err
-		}
-		if schema == nil {
-			return errors.New("no schema of the search_path exists")
+		schema := s.cfg.Schema
+		if schema == "" {
+			var current *string
+			if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&current); err != nil {
+				return err
+			}
+			if current == nil {
+				return errors.New("no schema of the search_path exists")
+			}
+			schema = *current
 		}
 		h := fnv.New64a()
-		h.Write([]byte("outbox.migrate\x00" + *schema))
+		h.Write([]byte("outbox.migrate\x00" + schema))
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
 		}
-		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_outbox_migrations (
+		if s.cfg.Schema != "" {
+			// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even
+			// when the schema exists; ask first.
+			var exists bool
+			err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.cfg.Schema).Scan(&exists)
+			if err != nil {
+				return err
+			}
+			if !exists {
+				if _, err := tx.Exec(ctx, "CREATE SCHEMA "+s.schema); err != nil {
+					return fmt.Errorf("creating schema: %w", err)
+				}
+			}
+		}
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table("idem_outbox_migrations")+` (
     version    integer     NOT NULL CONSTRAINT idem_outbox_migrations_pkey PRIMARY KEY,
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL
@@ -312,7 +339,7 @@ func (s *PgxStore) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[
 		if err != nil {
 			return fmt.Errorf("creating the migrations table: %w", err)
 		}
-		applied, err := readPgxApplied(ctx, tx)
+		applied, err := s.readApplied(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -320,17 +347,17 @@ func (s *PgxStore) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[
 	})
 }
 
-// readPgxApplied reads the migrations table; none when it is missing.
-func readPgxApplied(ctx context.Context, q pgxQuerier) (map[int]time.Time, error) {
+// readApplied reads the migrations table; none when it is missing.
+func (s *PgxStore) readApplied(ctx context.Context, q pgxQuerier) (map[int]time.Time, error) {
 	applied := make(map[int]time.Time)
 	var table *string
-	if err := q.QueryRow(ctx, "SELECT to_regclass('idem_outbox_migrations')::text").Scan(&table); err != nil {
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1)::text", s.table("idem_outbox_migrations")).Scan(&table); err != nil {
 		return nil, err
 	}
 	if table == nil {
 		return applied, nil
 	}
-	rows, err := q.Query(ctx, "SELECT version, applied_at FROM idem_outbox_migrations")
+	rows, err := q.Query(ctx, "SELECT version, applied_at FROM "+s.table("idem_outbox_migrations"))
 	if err != nil {
 		return nil, err
 	}

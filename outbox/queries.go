@@ -81,7 +81,25 @@ const (
     available_at, claimed_until, last_error, created_at, updated_at`
 )
 
+// sqliteQueries are the SQLite statements; postgresQueries returns the
+// PostgreSQL ones for a schema. Both files are checked at start-up.
 var (
-	postgresQueries = mustParseQueries("postgres", postgresSQL, postgresColumns)
-	sqliteQueries   = mustParseQueries("sqlite", sqliteSQL, sqliteColumns)
+	sqliteQueries = mustParseQueries("sqlite", sqliteSQL, sqliteColumns)
+	_             = postgresQueries("")
 )
+
+// postgresQueries returns the PostgreSQL statements on the tables of schema
+// (a quoted identifier), or of the search_path when schema is empty.
+func postgresQueries(schema string) *queries {
+	return mustParseQueries("postgres", withSchema(postgresSQL, schema), postgresColumns)
+}
+
+// withSchema fills the {{schema}} placeholder of PostgreSQL SQL: the quoted
+// schema name and a dot, or nothing.
+func withSchema(sql, schema string) string {
+	prefix := ""
+	if schema != "" {
+		prefix = schema + "."
+	}
+	return strings.ReplaceAll(sql, "{{schema}}", prefix)
+}

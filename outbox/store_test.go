@@ -1,6 +1,9 @@
 package outbox
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 func TestEnqueue(t *testing.T) {
@@ -422,4 +427,59 @@ func counts(t *testing.T, b *bundle) map[State]int {
 		t.Fatalf("MessageCounts: %v", err)
 	}
 	return c
+}
+
+// TestPgxSchema: a configured schema is created by Migrate and holds the
+// tables, whatever the search_path says; its name is quoted.
+func TestPgxSchema(t *testing.T) {
+	t.Parallel()
+	pool := newPgxPool(t) // its search_path names another schema
+	b := make([]byte, 4)
+	rand.Read(b)
+	schema := "Outbox Schema " + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema: %v", err)
+		}
+	})
+	ctx := context.Background()
+	s := NewPgx(pool, &Config{Schema: schema})
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.Enqueue(ctx, tx, message("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	msgs, err := s.MessageClaim(ctx, &ClaimParams{Now: now, ClaimedUntil: now.Add(time.Minute)})
+	if err != nil || len(msgs) != 1 || msgs[0].ID != id {
+		t.Fatalf("MessageClaim = %v, %v", msgs, err)
+	}
+	for table, want := range map[string]bool{
+		pgx.Identifier{schema, "idem_outbox"}.Sanitize():            true,
+		pgx.Identifier{schema, "idem_outbox_migrations"}.Sanitize(): true,
+		"idem_outbox": false, // not in the search_path's schema
+	} {
+		var got *string
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1)::text", table).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if (got != nil) != want {
+			t.Errorf("table %s exists: %v, want %v", table, got != nil, want)
+		}
+	}
+	status, err := s.MigrationStatus(ctx)
+	if err != nil || !status[0].Applied {
+		t.Errorf("MigrationStatus = %+v, %v", status, err)
+	}
 }

@@ -1,1 +1,1 @@
-DROP TABLE idem_outbox;
+DROP TABLE {{schema}}idem_outbox;

@@ -1,7 +1,8 @@
 -- The transactional outbox: rows are inserted in the caller's business
--- transaction and delivered afterwards by the relay. Tables are created in
--- the first schema of the connection's search_path.
-CREATE TABLE idem_outbox (
+-- transaction and delivered afterwards by the relay. {{schema}} is the
+-- store's quoted schema name and a dot, or nothing: then the table is
+-- created in the first schema of the connection's search_path.
+CREATE TABLE {{schema}}idem_outbox (
     id              bigint      GENERATED ALWAYS AS IDENTITY,
     topic           text        NOT NULL,
     payload         jsonb       NOT NULL,
@@ -28,9 +29,9 @@ CREATE TABLE idem_outbox (
 );
 
 -- The relay claims pending rows in the order they became due.
-CREATE INDEX idem_outbox_due_idx ON idem_outbox (available_at, id)
+CREATE INDEX idem_outbox_due_idx ON {{schema}}idem_outbox (available_at, id)
     WHERE state = 'pending';
 
 -- Prune deletes delivered rows once they are old enough.
-CREATE INDEX idem_outbox_done_idx ON idem_outbox (updated_at)
+CREATE INDEX idem_outbox_done_idx ON {{schema}}idem_outbox (updated_at)
     WHERE state = 'done';
