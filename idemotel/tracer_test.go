@@ -3,6 +3,7 @@ package idemotel_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -215,4 +216,33 @@ func keys(m map[string][]sdktrace.ReadOnlySpan) []string {
 		}
 	}
 	return out
+}
+
+func TestSpansOfAPanic(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	h := idem.New(idemmem.New(nil), &idem.Config{
+		Tracer: idemotel.NewTracer(tp),
+		Logger: slog.New(slog.DiscardHandler),
+	})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("boom")
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", rawKey)
+	func() {
+		defer func() { _ = recover() }()
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	names := byName(rec.Ended())
+	// The handler span of a panicking handler is not ended by the
+	// middleware (yet); the request and the outcome's write are.
+	if len(names["idem.request"]) != 1 || len(names["idem.complete"]) != 1 {
+		t.Fatalf("spans after a panic: %v, want idem.request and idem.complete", keys(names))
+	}
+	if c := names["idem.complete"]; len(c) == 1 && c[0].Status().Code == codes.Error {
+		t.Errorf("marking the outcome unknown failed: %v", c[0].Status())
+	}
+	assertNoRawKey(t, rec.Ended())
 }
