@@ -437,10 +437,12 @@ func post(ctx context.Context, url, key, body string) answer {
 // deadline. It returns the first other answer.
 func retryWhileInUse(t *testing.T, url, key, body string, timeout time.Duration) answer {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for inUse := 0; ; inUse++ {
 		a := post(t.Context(), url, key, body)
 		if a.err != nil || a.status != http.StatusConflict || a.code != idem.CodeKeyInUse {
+			t.Logf("%d answers key-in-use over %v, then %v", inUse, time.Since(start).Round(time.Millisecond), a)
 			return a
 		}
 		if a.retryAfter == "" {
