@@ -107,7 +107,7 @@ func TestCodecCorrupt(t *testing.T) {
 	}
 	// A huge count does not allocate before failing.
 	huge := encodeRecord(nil, &idemstore.Record{State: idemstore.StateCompleted, Response: &idemstore.Response{Status: 200}})
-	huge = huge[:len(huge)-2]                                        // drop the header count and body length
+	huge = huge[:len(huge)-2]                                           // drop the header count and body length
 	huge = append(huge, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f) // a count of 2^55
 	if _, err := decodeRecord(huge); !errors.Is(err, errCorrupt) {
 		t.Fatalf("huge count: err = %v, want errCorrupt", err)

@@ -1,0 +1,12 @@
+package idemcache
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+// setPdeathsig makes the kernel kill cmd when the test binary dies, so a
+// crashed test run leaves no redis-server behind.
+func setPdeathsig(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
