@@ -42,6 +42,7 @@ type command struct {
 // subcommand is a file with its run function and one line here.
 var commands = []command{
 	{"proxy", "put the idempotency contract in front of any HTTP API", runProxy},
+	{"migrate", "apply, revert or list the schema migrations of a SQL store", runMigrate},
 }
 
 // env is what a command may use of its process.

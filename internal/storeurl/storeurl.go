@@ -10,14 +10,17 @@
 //	                     store's keys with P (default idem:)
 //
 // Open applies the embedded migrations of the SQL stores, so a fresh
-// database works at once; migrating twice is harmless.
+// database works at once; migrating twice is harmless. OpenWith with
+// Options.NoMigrate opens them as they are, for `idem migrate`.
 package storeurl
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,20 +73,39 @@ func Kind(rawURL string) string {
 	return ""
 }
 
+// Options change how OpenWith opens a store. A nil *Options means the
+// defaults, as Open uses them.
+type Options struct {
+	// NoMigrate opens a SQL store without applying its migrations, so that
+	// its migration status can be read and migrations reverted. The store
+	// is an *idemsqlite.Store or an *idempgx.Store whose schema may be
+	// missing or out of date. Defaults to false: migrate on open.
+	NoMigrate bool
+}
+
 // Open opens the store rawURL names and returns it with the function that
 // closes it. The store is ready: SQL schemas are migrated and network stores
 // have answered once.
 func Open(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+	return OpenWith(ctx, rawURL, nil)
+}
+
+// OpenWith is Open with options; opts may be nil.
+func OpenWith(ctx context.Context, rawURL string, opts *Options) (idemstore.Store, func() error, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
 	switch Kind(rawURL) {
 	case KindSQLite:
-		return openSQLite(rawURL)
+		return openSQLite(rawURL, o)
 	case KindMemory:
 		if _, rest, _ := strings.Cut(rawURL, ":"); rest != "" {
 			return nil, nil, errors.New(`store "memory:" takes nothing after the colon`)
 		}
 		return idemmem.New(nil), func() error { return nil }, nil
 	case KindPostgres:
-		return openPostgres(ctx, rawURL)
+		return openPostgres(ctx, rawURL, o)
 	case KindRedis:
 		return openRedis(ctx, rawURL)
 	}
@@ -95,7 +117,7 @@ func Open(ctx context.Context, rawURL string) (idemstore.Store, func() error, er
 	return nil, nil, fmt.Errorf("%w %q: want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme, scheme)
 }
 
-func openSQLite(rawURL string) (idemstore.Store, func() error, error) {
+func openSQLite(rawURL string, o Options) (idemstore.Store, func() error, error) {
 	_, rest, _ := strings.Cut(rawURL, ":")
 	path, rawQuery, _ := strings.Cut(rest, "?")
 	if strings.HasPrefix(path, "//") {
@@ -122,6 +144,9 @@ func openSQLite(rawURL string) (idemstore.Store, func() error, error) {
 			return nil, nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
 		}
 	}
+	if o.NoMigrate {
+		return openSQLiteUnmigrated(path, &cfg)
+	}
 	s, err := idemsqlite.Open(path, &cfg)
 	if err != nil {
 		return nil, nil, err
@@ -129,7 +154,38 @@ func openSQLite(rawURL string) (idemstore.Store, func() error, error) {
 	return s, s.Close, nil
 }
 
-func openPostgres(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+// sqliteBusyTimeout is how long the unmigrated store waits for the file's
+// lock, as idemsqlite.Open does by default.
+const sqliteBusyTimeout = 5 * time.Second
+
+// openSQLiteUnmigrated opens the file as idemsqlite.Open does (WAL, busy
+// timeout, immediate transactions, the synchronous setting) on a single
+// connection, without migrating it.
+func openSQLiteUnmigrated(path string, cfg *idemsqlite.Config) (idemstore.Store, func() error, error) {
+	if cfg.Synchronous == "" {
+		cfg.Synchronous = "FULL"
+	}
+	cfg.BusyTimeout = sqliteBusyTimeout
+	q := url.Values{}
+	q.Set("_busy_timeout", strconv.FormatInt(sqliteBusyTimeout.Milliseconds(), 10))
+	q.Set("_journal_mode", "WAL")
+	q.Set("_synchronous", cfg.Synchronous)
+	q.Set("_foreign_keys", "1")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, nil, fmt.Errorf("idemsqlite: opening %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	s, err := idemsqlite.New(db, cfg)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return s, db.Close, nil
+}
+
+func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Store, func() error, error) {
 	// schema is ours, not a PostgreSQL parameter: take it out before pgx
 	// sends the query parameters to the server.
 	u, err := url.Parse(rawURL)
@@ -152,6 +208,14 @@ func openPostgres(ctx context.Context, rawURL string) (idemstore.Store, func() e
 	s := idempgx.New(pool, cfg)
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
+	if o.NoMigrate {
+		if err := pool.Ping(ctx); err != nil {
+			s.Close()
+			pool.Close()
+			return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		}
+		return s, func() error { s.Close(); pool.Close(); return nil }, nil
+	}
 	if _, err := s.Migrate(ctx); err != nil {
 		s.Close()
 		pool.Close()

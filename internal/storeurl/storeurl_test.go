@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/testenv"
 )
@@ -244,5 +245,33 @@ func TestOpenRedis(t *testing.T) {
 		if err := client.Del(t.Context(), keys...).Err(); err != nil {
 			t.Errorf("deleting the test keys: %v", err)
 		}
+	}
+}
+
+// OpenWith NoMigrate leaves a fresh SQLite file unmigrated; Open migrates it.
+func TestOpenWithNoMigrate(t *testing.T) {
+	t.Parallel()
+	path := "sqlite:" + filepath.Join(t.TempDir(), "fresh.db")
+	status := func(opts *Options) []idemsqlite.Migration {
+		t.Helper()
+		s, closeStore, err := OpenWith(t.Context(), path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeStore()
+		ms, err := s.(*idemsqlite.Store).MigrationStatus(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	if ms := status(&Options{NoMigrate: true}); len(ms) == 0 || ms[0].Applied {
+		t.Errorf("status after opening with NoMigrate = %+v, want the first migration pending", ms)
+	}
+	if ms := status(nil); len(ms) == 0 || !ms[len(ms)-1].Applied {
+		t.Errorf("status after Open = %+v, want every migration applied", ms)
+	}
+	if ms := status(&Options{NoMigrate: true}); !ms[len(ms)-1].Applied {
+		t.Errorf("status after reopening with NoMigrate = %+v, want every migration still applied", ms)
 	}
 }

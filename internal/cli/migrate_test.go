@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-dev/idem/internal/testenv"
+)
+
+// runCommand runs idem in process with args and the environment variables
+// vars, and returns its exit code, stdout and stderr.
+func runCommand(t *testing.T, vars map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	e := newTestEnv(vars)
+	code := run(t.Context(), args, e.env)
+	return code, e.stdout.String(), e.stderr.String()
+}
+
+// mustRun runs idem in process and fails the test unless it exits 0.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := runCommand(t, nil, args...)
+	if code != ExitOK {
+		t.Fatalf("idem %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout, stderr)
+	}
+	return stdout
+}
+
+// sqliteURL is the URL of a new SQLite file in the test's directory.
+func sqliteURL(t *testing.T) string {
+	return "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+}
+
+// postgresURL is the URL of the test database with a schema of the test's
+// own, dropped when the test ends.
+func postgresURL(t *testing.T) string {
+	t.Helper()
+	base := testenv.PostgresURL(t)
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "cli_test_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			t.Errorf("connecting to drop the schema: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("schema", schema)
+	q.Set("pool_max_conns", "4")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func TestParseMigrate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    migrateOptions
+		wantErr string
+	}{
+		{name: "default store", args: []string{"up"}, want: migrateOptions{"up", "sqlite:./idem.db"}},
+		{name: "flag after action", args: []string{"status", "--store", "memory:"}, want: migrateOptions{"status", "memory:"}},
+		{name: "flag before action", args: []string{"--store", "memory:", "down"}, want: migrateOptions{"down", "memory:"}},
+		{name: "variable", args: []string{"up"}, env: map[string]string{"IDEM_STORE": "postgres://db/x"}, want: migrateOptions{"up", "postgres://db/x"}},
+		{name: "flag wins over variable", args: []string{"up", "--store", "memory:"}, env: map[string]string{"IDEM_STORE": "postgres://db/x"},
+			want: migrateOptions{"up", "memory:"}},
+		{name: "empty variable is unset", args: []string{"up"}, env: map[string]string{"IDEM_STORE": ""}, want: migrateOptions{"up", "sqlite:./idem.db"}},
+		{name: "action after --", args: []string{"--store", "memory:", "--", "up"}, want: migrateOptions{"up", "memory:"}},
+
+		{name: "no action", wantErr: "want an action: up, down or status"},
+		{name: "unknown action", args: []string{"sideways"}, wantErr: `unknown action "sideways"`},
+		{name: "two actions", args: []string{"up", "down"}, wantErr: `unexpected argument "down"`},
+		{name: "bad store", args: []string{"up", "--store", "./idem.db"}, wantErr: "want sqlite:PATH"},
+		{name: "bad variable", args: []string{"up"}, env: map[string]string{"IDEM_STORE": "x"}, wantErr: `invalid value "x" for IDEM_STORE`},
+		{name: "unknown flag", args: []string{"up", "--force"}, wantErr: "flag provided but not defined: -force"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			o, err := parseMigrate(tt.args, newTestEnv(tt.env).env)
+			if tt.wantErr != "" {
+				var uerr usageError
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.As(err, &uerr) {
+					t.Fatalf("error = %v, want a usage error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(*o, tt.want) {
+				t.Errorf("options = %+v, want %+v", *o, tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrateStoresWithoutSchema(t *testing.T) {
+	t.Parallel()
+	// The Redis store is not even contacted: the address is unused.
+	for _, store := range []string{"memory:", "redis://127.0.0.1:1/0"} {
+		for _, action := range migrateActions {
+			out := mustRun(t, "migrate", action, "--store", store)
+			if !strings.Contains(out, "has no schema: nothing to migrate") {
+				t.Errorf("idem migrate %s --store %s printed %q", action, store, out)
+			}
+		}
+	}
+}
+
+// migrateCycle runs status, up, up, status, down… against a fresh store
+// whose migrations are names, and checks every output.
+func migrateCycle(t *testing.T, store string, names []string) {
+	t.Helper()
+	statusRE := func(state string) *regexp.Regexp {
+		var b strings.Builder
+		b.WriteString(`(?m)^MIGRATION\s+STATUS\s+APPLIED AT\n`)
+		for _, n := range names {
+			if state == "applied" {
+				b.WriteString(regexp.QuoteMeta(n) + `\s+applied\s+\d{4}-\d\d-\d\dT\S+Z\n`)
+			} else {
+				b.WriteString(regexp.QuoteMeta(n) + `\s+pending\s+-\n`)
+			}
+		}
+		return regexp.MustCompile(b.String())
+	}
+	// status does not migrate a fresh store.
+	out := mustRun(t, "migrate", "status", "--store", store)
+	if !statusRE("pending").MatchString(out) || !strings.Contains(out, "pending: run 'idem migrate up'") {
+		t.Errorf("status of a fresh store:\n%s", out)
+	}
+	var applied strings.Builder
+	for _, n := range names {
+		applied.WriteString("applied " + n + "\n")
+	}
+	if out := mustRun(t, "migrate", "up", "--store", store); out != applied.String() {
+		t.Errorf("up printed %q, want %q", out, applied.String())
+	}
+	if out := mustRun(t, "migrate", "up", "--store", store); out != "Nothing to apply: the schema is up to date.\n" {
+		t.Errorf("second up printed %q", out)
+	}
+	if out := mustRun(t, "migrate", "status", "--store", store); !statusRE("applied").MatchString(out) || strings.Contains(out, "pending") {
+		t.Errorf("status after up:\n%s", out)
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		if out := mustRun(t, "migrate", "down", "--store", store); out != "reverted "+names[i]+"\n" {
+			t.Errorf("down printed %q, want it to revert %s", out, names[i])
+		}
+	}
+	if out := mustRun(t, "migrate", "down", "--store", store); out != "Nothing to revert: no migration is applied.\n" {
+		t.Errorf("down with nothing applied printed %q", out)
+	}
+	if out := mustRun(t, "migrate", "status", "--store", store); !statusRE("pending").MatchString(out) {
+		t.Errorf("status after reverting all:\n%s", out)
+	}
+}
+
+func TestMigrateSQLite(t *testing.T) {
+	t.Parallel()
+	migrateCycle(t, sqliteURL(t), []string{"001_create_keys"})
+}
+
+func TestMigratePostgres(t *testing.T) {
+	t.Parallel()
+	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters"})
+}
+
+func TestMigrateFailures(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCommand(t, nil, "migrate", "up", "--store", "sqlite:/nonexistent-dir/x/idem.db")
+	if code != ExitError || !strings.Contains(stderr, "idem migrate: ") {
+		t.Errorf("up on an unwritable path: exit %d, stderr %q; want 1 and the error", code, stderr)
+	}
+	code, _, stderr = runCommand(t, nil, "migrate", "--store", "memory:")
+	if code != ExitUsage || !strings.Contains(stderr, "want an action") {
+		t.Errorf("no action: exit %d, stderr %q; want 2", code, stderr)
+	}
+}
