@@ -34,8 +34,8 @@ type RelayConfig struct {
 	// done), OutcomeRetry if it certainly did not (sent again after a
 	// backoff), OutcomePermanent to dead-letter it, OutcomeUnknown if it
 	// cannot tell yet (tried again after a backoff). It runs right after the
-	// attempt, within the same DeliverTimeout budget. Defaults to nil: an
-	// unknown outcome is retried like OutcomeRetry, with the same key.
+	// attempt, with a DeliverTimeout of its own. Defaults to nil: an unknown
+	// outcome is retried like OutcomeRetry, with the same key.
 	OnUnknown func(ctx context.Context, m Message) (Outcome, error)
 	// MaxAttempts is the number of attempts after which a message that still
 	// fails is dead-lettered. Defaults to 8.
@@ -52,7 +52,7 @@ type RelayConfig struct {
 	// back. A message's claim lasts PassTimeout + StoreTimeout. Defaults to
 	// 1 minute.
 	PassTimeout time.Duration
-	// DeliverTimeout bounds one call of Deliver (and OnUnknown after it).
+	// DeliverTimeout bounds one call of Deliver, and one of OnUnknown.
 	// Defaults to 30 seconds, and to PassTimeout when that is shorter.
 	DeliverTimeout time.Duration
 	// StoreTimeout bounds each write of an outcome, which runs on a context

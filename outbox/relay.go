@@ -213,12 +213,12 @@ func (r *Relay) attempt(ctx context.Context, m *Message) error {
 		return r.finish(ctx, log, m, StateDead, time.Time{}, "outcome unknown: the last attempt's relay stopped before recording it")
 	}
 
-	dctx, cancel := context.WithTimeout(ctx, r.cfg.DeliverTimeout)
-	defer cancel()
-	outcome, err := r.call(dctx, "deliver", r.cfg.Deliver, *m)
+	outcome, err := r.call(ctx, "deliver", r.cfg.Deliver, *m)
 	if outcome == OutcomeUnknown && r.cfg.OnUnknown != nil {
+		// A budget of its own: the delivery may have spent all of its
+		// (the typical unknown outcome is a timeout).
 		log.Warn("outbox: delivery outcome unknown, reconciling", "error", err)
-		settled, rerr := r.call(dctx, "on_unknown", r.cfg.OnUnknown, *m)
+		settled, rerr := r.call(ctx, "on_unknown", r.cfg.OnUnknown, *m)
 		if settled != OutcomeUnknown {
 			log.Info("outbox: unknown outcome reconciled", "outcome", settled.String(), "error", rerr)
 			outcome, err = settled, rerr
@@ -250,9 +250,11 @@ func (r *Relay) attempt(ctx context.Context, m *Message) error {
 	return r.finish(ctx, log, m, StatePending, due, errorText(outcome, err))
 }
 
-// call runs a hook, turning a panic or an invalid outcome into
-// OutcomeUnknown: the hook may have sent the message.
+// call runs a hook under DeliverTimeout, turning a panic or an invalid
+// outcome into OutcomeUnknown: the hook may have sent the message.
 func (r *Relay) call(ctx context.Context, name string, hook func(context.Context, Message) (Outcome, error), m Message) (outcome Outcome, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.DeliverTimeout)
+	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			outcome, err = OutcomeUnknown, fmt.Errorf("%s panicked: %v", name, p)

@@ -256,6 +256,29 @@ func TestRelayOnUnknown(t *testing.T) {
 	}
 }
 
+// TestRelayOnUnknownAfterTimeout: a delivery that spends its whole budget
+// leaves OnUnknown a budget of its own.
+func TestRelayOnUnknownAfterTimeout(t *testing.T) {
+	t.Parallel()
+	b := setupSQLite(t)
+	deliver := func(ctx context.Context, m Message) (Outcome, error) {
+		<-ctx.Done()
+		return OutcomeUnknown, ctx.Err()
+	}
+	onUnknown := func(ctx context.Context, m Message) (Outcome, error) {
+		if err := ctx.Err(); err != nil {
+			return OutcomeUnknown, err
+		}
+		return OutcomeDelivered, nil
+	}
+	r := newRelay(t, b, RelayConfig{Deliver: deliver, OnUnknown: onUnknown, DeliverTimeout: 20 * time.Millisecond})
+	id := b.mustEnqueue(t, message("k"))
+	runOnce(t, b, r, 1)
+	if m := b.get(t, id); m.State != StateDone {
+		t.Errorf("%+v, want done: OnUnknown had no time left", m)
+	}
+}
+
 // TestRelayHookFailures: a panic or an invalid outcome may hide a sent
 // message, so it counts as unknown and the message is retried with its key.
 func TestRelayHookFailures(t *testing.T) {
