@@ -85,8 +85,12 @@ var _ idemstore.Store = (*Store)(nil)
 // New returns store with cache in front of its replays. The result
 // implements idemstore.Waiter and idemstore.TxStore exactly when store does
 // (the middleware and the conformance suite type-assert them); its dynamic
-// type is *Store or a struct embedding *Store.
+// type is *Store or a struct embedding *Store. store and cache must not be
+// nil.
 func New(store idemstore.Store, cache Cache, cfg *Config) idemstore.Store {
+	if store == nil || cache == nil {
+		panic("idemcache: New needs a store and a cache")
+	}
 	s := &Store{inner: store, cache: cache, cfg: cfg.withDefaults()}
 	w, isWaiter := store.(idemstore.Waiter)
 	ts, isTx := store.(idemstore.TxStore)

@@ -3,6 +3,8 @@ package idemcache
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -515,4 +517,93 @@ func TestBackoff(t *testing.T) {
 			t.Fatal("a cache failure did not start a backoff")
 		}
 	})
+}
+
+// TestStaleFill: once a record has expired and the key is used again, a late
+// fill that writes the old incarnation back is never served: it is past its
+// ExpiresAt.
+func TestStaleFill(t *testing.T) {
+	t.Parallel()
+	for name, newCache := range caches(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, newCache(t), nil)
+			f.completed(t, time.Hour)
+			old, _ := f.replay(t, fp1) // fills the cache
+
+			// The same request again after expiry is a new incarnation,
+			// with a response of its own.
+			f.clock.Advance(time.Hour + time.Second)
+			res, calls := f.replay(t, fp1)
+			if calls != 1 || !res.Reserved {
+				t.Fatalf("reserve after expiry: %d store reservations, reserved %v; want a new incarnation", calls, res.Reserved)
+			}
+			created := res.Record.CreatedAt
+			second := &idemstore.Response{Status: 201, Body: []byte(`{"id":"pay_2"}`)}
+			if err := f.store.KeyComplete(f.ctx, &idemstore.CompleteParams{Identity: testID, Token: "t-replay", Response: second}); err != nil {
+				t.Fatal(err)
+			}
+			// The slow fill of the old incarnation lands now.
+			if err := f.cache.Set(f.ctx, old.Record); err != nil {
+				t.Fatal(err)
+			}
+			for i, wantCalls := range []int64{1, 0} {
+				res, calls = f.replay(t, fp1)
+				if calls != wantCalls || res.Reserved || string(res.Record.Response.Body) != string(second.Body) || !res.Record.CreatedAt.Equal(created) {
+					t.Fatalf("replay %d of the new incarnation: %d store reservations, body %s; want %d and the new incarnation's body",
+						i, calls, res.Record.Response.Body, wantCalls)
+				}
+			}
+			// Another request for the key asks the store, which answers
+			// the new incarnation.
+			if res, calls = f.replay(t, fp2); calls != 1 || res.Record.Fingerprint != fp1 || !res.Record.CreatedAt.Equal(created) {
+				t.Fatalf("other request: %d store reservations, record %+v; want the store's new incarnation", calls, res.Record)
+			}
+		})
+	}
+}
+
+// TestConcurrentReplays: many goroutines replay at once while the cache
+// fills; every one gets the completed record, and afterwards the cache
+// answers.
+func TestConcurrentReplays(t *testing.T) {
+	t.Parallel()
+	for name, newCache := range caches(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, newCache(t), nil)
+			f.completed(t, time.Hour)
+			const n = 100
+			errs := make(chan error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					<-start
+					fp := fp1
+					if i%10 == 0 {
+						fp = fp2
+					}
+					res, err := f.store.KeyReserve(f.ctx, f.params(fp, fmt.Sprintf("t%d", i), time.Hour))
+					switch {
+					case err != nil:
+						errs <- err
+					case res.Reserved || res.Record.State != idemstore.StateCompleted || res.Record.Fingerprint != fp1:
+						errs <- fmt.Errorf("replay %d: reserved %v, record %+v", i, res.Reserved, res.Record)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			res, calls := f.replay(t, fp1)
+			requireReplay(t, res)
+			if calls != 0 {
+				t.Fatalf("replay after the race made %d store reservations, want 0", calls)
+			}
+		})
+	}
 }
