@@ -448,6 +448,31 @@ func TestRelayStopHandsBack(t *testing.T) {
 	})
 }
 
+// TestRelayPassTimeout: a pass that runs out of time records the attempt in
+// flight and hands the rest of its batch back.
+func TestRelayPassTimeout(t *testing.T) {
+	t.Parallel()
+	b := setupSQLite(t)
+	d := &recorder{answer: func(n int, m Message) (Outcome, error) {
+		return OutcomeUnknown, errors.New("slow downstream")
+	}}
+	deliver := func(ctx context.Context, m Message) (Outcome, error) {
+		<-ctx.Done() // spends the whole pass
+		return d.deliver(ctx, m)
+	}
+	r := newRelay(t, b, RelayConfig{Deliver: deliver, PassTimeout: 30 * time.Millisecond})
+	ids := b.mustEnqueueAll(t, messages(3)...)
+	runOnce(t, b, r, 1)
+	if m := b.get(t, ids[0]); m.State != StatePending || m.Attempts != 1 || !strings.HasPrefix(m.LastError, "outcome unknown") {
+		t.Errorf("the attempt in flight: %+v", m)
+	}
+	for _, id := range ids[1:] {
+		if m := b.get(t, id); m.Attempts != 0 || !m.ClaimedUntil.IsZero() {
+			t.Errorf("message %d: %+v, want handed back", id, m)
+		}
+	}
+}
+
 // TestRelaysConcurrent runs several relays on one database: every message
 // is delivered exactly once, and never by two relays at the same time.
 func TestRelaysConcurrent(t *testing.T) {
