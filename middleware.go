@@ -386,11 +386,13 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	defer m.hub.publish(a.id)
 
 	panicked := true
+	endHandler := func(error) {}
 	defer func() {
 		stopRenew()
 		if !panicked {
 			return
 		}
+		endHandler(errHandlerPanicked)
 		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
 		if m.txStore != nil {
 			// The transaction rolls back: nothing happened.
@@ -402,7 +404,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
 		m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 	}()
-	ctx, endHandler := m.span(ctx, "idem.handler")
+	ctx, endHandler = m.span(ctx, "idem.handler")
 	next.ServeHTTP(rw, r.WithContext(ctx))
 	endHandler(nil)
 	panicked = false
@@ -510,6 +512,8 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	}
 }
 
+var errHandlerPanicked = errors.New("idem: handler panicked")
+
 var errCommitReleased = errors.New("commit failed, key released")
 
 // releasesTx is releases for transactional mode, where a 5xx always rolls
@@ -567,6 +571,8 @@ type renewer struct {
 }
 
 func (rn *renewer) start(a *attempt) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
 	rn.a = a
 	rn.t = time.AfterFunc(a.m.cfg.Lease/3, rn.fire)
 }
