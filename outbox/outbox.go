@@ -119,10 +119,21 @@ type PruneParams struct {
 	Limit int
 }
 
-// Default batch sizes.
+// ListParams filter Store.MessageList.
+type ListParams struct {
+	// State keeps the messages in this state; empty keeps all.
+	State State
+	// AfterID is a cursor: the ID of the last message of the previous page.
+	AfterID int64
+	// Limit bounds the page. Defaults to 100 when zero.
+	Limit int
+}
+
+// Default batch and page sizes.
 const (
 	defaultClaimLimit = 100
 	defaultPruneLimit = 1000
+	defaultListLimit  = 100
 )
 
 // Store is what the Relay and operators need from an outbox table.
@@ -143,6 +154,9 @@ type Store interface {
 	MessageUnclaim(ctx context.Context, p *UnclaimParams) error
 	// MessageGet returns the message or ErrNotFound.
 	MessageGet(ctx context.Context, id int64) (*Message, error)
+	// MessageList returns at most p.Limit messages in state p.State with an
+	// ID above p.AfterID, in ID order: a page for operators.
+	MessageList(ctx context.Context, p *ListParams) ([]*Message, error)
 	// MessageRedrive makes a dead message pending and due now, with its
 	// attempt count reset. It returns ErrNotFound when no dead message has
 	// the id.

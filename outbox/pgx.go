@@ -139,6 +139,19 @@ func (s *PgxStore) MessageGet(ctx context.Context, id int64) (*Message, error) {
 	return msgs[0], nil
 }
 
+// MessageList implements Store.
+func (s *PgxStore) MessageList(ctx context.Context, p *ListParams) ([]*Message, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	msgs, err := s.query(ctx, s.q.list, string(p.State), p.AfterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing messages: %w", err)
+	}
+	return msgs, nil
+}
+
 // MessageRedrive implements Store.
 func (s *PgxStore) MessageRedrive(ctx context.Context, id int64) error {
 	tag, err := s.pool.Exec(ctx, s.q.redrive, id, s.now())

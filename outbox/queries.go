@@ -17,7 +17,7 @@ var migrationsFS embed.FS
 
 // queries are one dialect's statements.
 type queries struct {
-	enqueue, claim, finish, unclaim, get, redrive, prune, counts string
+	enqueue, claim, finish, unclaim, get, list, redrive, prune, counts string
 }
 
 // parseQueries splits a queries file at its "-- name: X" lines and fills in
@@ -57,6 +57,7 @@ func parseQueries(src, columns string) (*queries, error) {
 		finish:  q("finish"),
 		unclaim: q("unclaim"),
 		get:     q("get"),
+		list:    q("list"),
 		redrive: q("redrive"),
 		prune:   q("prune"),
 		counts:  q("counts"),

@@ -121,6 +121,23 @@ func (s *SQLiteStore) MessageGet(ctx context.Context, id int64) (*Message, error
 	return msgs[0], nil
 }
 
+// MessageList implements Store.
+func (s *SQLiteStore) MessageList(ctx context.Context, p *ListParams) ([]*Message, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	rows, err := s.db.QueryContext(ctx, s.q.list, string(p.State), p.AfterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing messages: %w", interpretSQLiteError(err))
+	}
+	msgs, err := scanSQLiteMessages(rows)
+	if err != nil {
+		return nil, fmt.Errorf("listing messages: %w", err)
+	}
+	return msgs, nil
+}
+
 // MessageRedrive implements Store.
 func (s *SQLiteStore) MessageRedrive(ctx context.Context, id int64) error {
 	res, err := s.db.ExecContext(ctx, s.q.redrive, id, s.now().UnixMicro())

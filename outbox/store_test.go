@@ -483,3 +483,43 @@ func TestPgxSchema(t *testing.T) {
 		t.Errorf("MigrationStatus = %+v, %v", status, err)
 	}
 }
+
+func TestList(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		ids := b.mustEnqueueAll(t, messages(5)...)
+		// Kill messages 1 and 3.
+		for _, m := range b.claim(t, 5) {
+			if m.ID == ids[1] || m.ID == ids[3] {
+				if err := b.store.MessageFinish(b.ctx, &FinishParams{ID: m.ID, Attempt: m.Attempts, State: StateDead, LastError: "x"}); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := b.store.MessageUnclaim(b.ctx, &UnclaimParams{ID: m.ID, Attempt: m.Attempts}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		list := func(p ListParams) []int64 {
+			t.Helper()
+			msgs, err := b.store.MessageList(b.ctx, &p)
+			if err != nil {
+				t.Fatalf("MessageList(%+v): %v", p, err)
+			}
+			return idsOf(msgs)
+		}
+		if got, want := list(ListParams{State: StateDead}), []int64{ids[1], ids[3]}; !reflect.DeepEqual(got, want) {
+			t.Errorf("dead: %v, want %v", got, want)
+		}
+		if got, want := list(ListParams{State: StatePending, Limit: 2}), []int64{ids[0], ids[2]}; !reflect.DeepEqual(got, want) {
+			t.Errorf("first pending page: %v, want %v", got, want)
+		}
+		if got, want := list(ListParams{State: StatePending, AfterID: ids[2], Limit: 2}), []int64{ids[4]}; !reflect.DeepEqual(got, want) {
+			t.Errorf("second pending page: %v, want %v", got, want)
+		}
+		if got := list(ListParams{}); !reflect.DeepEqual(got, ids) {
+			t.Errorf("all: %v, want %v", got, ids)
+		}
+		if got := list(ListParams{State: StateDone}); len(got) != 0 {
+			t.Errorf("done: %v, want none", got)
+		}
+	})
+}

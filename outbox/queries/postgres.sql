@@ -81,5 +81,13 @@ WHERE id IN (
     LIMIT $2::integer
 )
 
+-- name: list
+-- At most $3 messages in state $1 (any when empty) with an id above $2, in
+-- id order.
+SELECT {{columns}} FROM {{schema}}idem_outbox AS o
+WHERE ($1::text = '' OR o.state = $1::text) AND o.id > $2::bigint
+ORDER BY o.id
+LIMIT $3::integer
+
 -- name: counts
 SELECT state, count(*) FROM {{schema}}idem_outbox GROUP BY state

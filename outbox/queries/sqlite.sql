@@ -75,5 +75,13 @@ WHERE id IN (
     LIMIT ?2
 )
 
+-- name: list
+-- At most ?3 messages in state ?1 (any when empty) with an id above ?2, in
+-- id order.
+SELECT {{columns}} FROM idem_outbox
+WHERE (?1 = '' OR state = ?1) AND id > ?2
+ORDER BY id
+LIMIT ?3
+
 -- name: counts
 SELECT state, count(*) FROM idem_outbox GROUP BY state

@@ -34,3 +34,7 @@ CREATE INDEX idem_outbox_due_idx ON idem_outbox (available_at, id)
 -- Prune deletes delivered rows once they are old enough.
 CREATE INDEX idem_outbox_done_idx ON idem_outbox (updated_at)
     WHERE state = 'done';
+
+-- Operators list the dead letters.
+CREATE INDEX idem_outbox_dead_idx ON idem_outbox (id)
+    WHERE state = 'dead';
