@@ -85,13 +85,16 @@ const (
 // sqliteQueries are the SQLite statements; postgresQueries returns the
 // PostgreSQL ones for a schema. Both files are checked at start-up.
 var (
-	sqliteQueries = mustParseQueries("sqlite", sqliteSQL, sqliteColumns)
-	_             = postgresQueries("")
+	sqliteQueries         = mustParseQueries("sqlite", sqliteSQL, sqliteColumns)
+	searchPathPostgresSQL = mustParseQueries("postgres", withSchema(postgresSQL, ""), postgresColumns)
 )
 
 // postgresQueries returns the PostgreSQL statements on the tables of schema
 // (a quoted identifier), or of the search_path when schema is empty.
 func postgresQueries(schema string) *queries {
+	if schema == "" {
+		return searchPathPostgresSQL
+	}
 	return mustParseQueries("postgres", withSchema(postgresSQL, schema), postgresColumns)
 }
 
