@@ -67,7 +67,7 @@ func byName(spans []sdktrace.ReadOnlySpan) map[string][]sdktrace.ReadOnlySpan {
 func attr(s sdktrace.ReadOnlySpan, key string) (string, bool) {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit(), true
+			return kv.Value.String(), true
 		}
 	}
 	return "", false
@@ -80,12 +80,12 @@ func assertNoRawKey(t *testing.T, spans []sdktrace.ReadOnlySpan) {
 	for _, s := range spans {
 		texts := []string{s.Name(), s.Status().Description}
 		for _, kv := range s.Attributes() {
-			texts = append(texts, string(kv.Key), kv.Value.Emit())
+			texts = append(texts, string(kv.Key), kv.Value.String())
 		}
 		for _, e := range s.Events() {
 			texts = append(texts, e.Name)
 			for _, kv := range e.Attributes {
-				texts = append(texts, string(kv.Key), kv.Value.Emit())
+				texts = append(texts, string(kv.Key), kv.Value.String())
 			}
 		}
 		for _, text := range texts {
