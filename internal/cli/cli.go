@@ -43,6 +43,7 @@ type command struct {
 var commands = []command{
 	{"proxy", "put the idempotency contract in front of any HTTP API", runProxy},
 	{"migrate", "apply, revert or list the schema migrations of a SQL store", runMigrate},
+	{"keys", "list, show, resolve and purge the records of a store", runKeys},
 }
 
 // env is what a command may use of its process.

@@ -175,6 +175,11 @@ func migrateCycle(t *testing.T, store string, names []string) {
 	if out := mustRun(t, "migrate", "status", "--store", store); !statusRE("pending").MatchString(out) {
 		t.Errorf("status after reverting all:\n%s", out)
 	}
+	// The store works again once migrated.
+	mustRun(t, "migrate", "up", "--store", store)
+	if out := mustRun(t, "keys", "list", "--store", store); out != "No records.\n" {
+		t.Errorf("keys list on the re-migrated store printed %q", out)
+	}
 }
 
 func TestMigrateSQLite(t *testing.T) {

@@ -135,9 +135,16 @@ func scopeFromHeader(name string) func(*http.Request) (string, error) {
 		if len(values) == 0 {
 			return "", errNoScope
 		}
-		sum := sha256.Sum256([]byte(strings.Join(values, ", ")))
-		return hex.EncodeToString(sum[:]), nil
+		return scopeOf(strings.Join(values, ", ")), nil
 	}
+}
+
+// scopeOf is the scope the proxy stores for a scope header's value: its hex
+// SHA-256. `idem keys --tenant-header-value` uses it to find a tenant's
+// records.
+func scopeOf(headerValue string) string {
+	sum := sha256.Sum256([]byte(headerValue))
+	return hex.EncodeToString(sum[:])
 }
 
 func runProxy(ctx context.Context, e *env, args []string) (err error) {
