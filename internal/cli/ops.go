@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmaint"
+	"github.com/idem-dev/idem/idemprom"
+	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/outbox"
+)
+
+// opsOptions are the operations flags the serving commands share.
+type opsOptions struct {
+	listen       string
+	consoleToken string
+}
+
+// register adds --ops-listen and --console-token to fs.
+func (o *opsOptions) register(fs *flagSet) {
+	fs.StringVar(&o.listen, "ops-listen", o.listen,
+		"`ADDR` serving /metrics (Prometheus) and, with --console-token, the operator console under /_idem/")
+	fs.StringVar(&o.consoleToken, "console-token", o.consoleToken,
+		"`TOKEN` (at least 16 bytes) that enables the operator console under /_idem/; off without it")
+}
+
+// opsParts are what the operations endpoints report on; Maintainer and
+// Outbox may be nil.
+type opsParts struct {
+	Store      idemstore.Store
+	Maintainer *idemmaint.Maintainer
+	Outbox     outbox.Store
+	Logger     *slog.Logger
+}
+
+// ops holds the metrics the middleware reports to and the handler serving
+// /metrics and /_idem/.
+type ops struct {
+	Metrics idem.Metrics
+	Handler http.Handler
+}
+
+// newOps builds the Prometheus registry (the middleware's decisions and
+// store latencies, the maintainer's gauges, the Go runtime) and, when a
+// console token is set, the console.
+func newOps(o *opsOptions, p opsParts) (*ops, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := idemprom.New(reg, nil)
+	if p.Maintainer != nil || p.Outbox != nil {
+		if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats { return maintainerStats(p) }); err != nil {
+			return nil, err
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if o.consoleToken != "" {
+		cfg := console.Config{
+			Store:     p.Store,
+			Token:     o.consoleToken,
+			Decisions: metrics.DecisionTotals,
+			Logger:    p.Logger,
+			Stats: func(context.Context) []console.Stat {
+				return consoleStats(maintainerStats(p))
+			},
+		}
+		if p.Outbox != nil {
+			cfg.Outbox = consoleOutbox{p.Outbox}
+		}
+		h, err := console.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("console: %w", err)
+		}
+		mux.Handle("/_idem/", h)
+	}
+	return &ops{Metrics: metrics, Handler: mux}, nil
+}
+
+// maintainerStats reads the maintainer's figures and the outbox depth.
+func maintainerStats(p opsParts) idemprom.MaintainerStats {
+	var s idemprom.MaintainerStats
+	if m := p.Maintainer; m != nil {
+		st := m.Stats()
+		s.UnknownBacklog, s.UnknownBacklogTruncated = st.UnknownBacklog, st.UnknownBacklogTruncated
+		s.Unresolved, s.OldestInProgress = st.Unresolved, st.OldestInProgress
+		s.Swept, s.Reaped = st.Swept, st.Reaped
+		s.ResolvedCompleted, s.ResolvedReleased = st.Completed, st.Released
+		s.ReconcileErrors, s.PassErrors = st.ReconcileErrors, st.PassErrors
+	}
+	if p.Outbox != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if counts, err := p.Outbox.MessageCounts(ctx); err == nil {
+			s.Outbox = true
+			s.OutboxDepth = counts[outbox.StatePending]
+			s.DeadLetters = counts[outbox.StateDead]
+		}
+	}
+	return s
+}
+
+func consoleStats(s idemprom.MaintainerStats) []console.Stat {
+	stats := []console.Stat{
+		{Name: "Unknown backlog", Value: strconv.Itoa(s.UnknownBacklog), Warn: s.UnknownBacklog > 0},
+		{Name: "Unresolved after reconciliation", Value: strconv.Itoa(s.Unresolved), Warn: s.Unresolved > 0},
+		{Name: "Oldest in-progress lease", Value: s.OldestInProgress.Round(time.Second).String()},
+		{Name: "Leases swept", Value: strconv.FormatInt(s.Swept, 10)},
+		{Name: "Records reaped", Value: strconv.FormatInt(s.Reaped, 10)},
+	}
+	if s.Outbox {
+		stats = append(stats,
+			console.Stat{Name: "Outbox depth", Value: strconv.Itoa(s.OutboxDepth)},
+			console.Stat{Name: "Dead letters", Value: strconv.Itoa(s.DeadLetters), Warn: s.DeadLetters > 0})
+	}
+	return stats
+}
+
+// consoleOutbox adapts an outbox.Store to the console's Outbox.
+type consoleOutbox struct{ s outbox.Store }
+
+func (c consoleOutbox) MessageList(ctx context.Context, p *console.OutboxListParams) ([]*console.OutboxMessage, error) {
+	msgs, err := c.s.MessageList(ctx, &outbox.ListParams{State: outbox.State(p.State), AfterID: p.AfterID, Limit: p.Limit})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*console.OutboxMessage, len(msgs))
+	for i, m := range msgs {
+		out[i] = &console.OutboxMessage{
+			ID: m.ID, Topic: m.Topic, IdempotencyKey: m.IdempotencyKey, State: string(m.State),
+			Attempts: m.Attempts, AvailableAt: m.AvailableAt, LastError: m.LastError,
+			Payload: m.Payload, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt,
+		}
+	}
+	return out, nil
+}
+
+func (c consoleOutbox) MessageCounts(ctx context.Context) (map[string]int, error) {
+	counts, err := c.s.MessageCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(counts))
+	for state, n := range counts {
+		out[string(state)] = n
+	}
+	return out, nil
+}
+
+func (c consoleOutbox) MessageRedrive(ctx context.Context, id int64) error {
+	err := c.s.MessageRedrive(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return fmt.Errorf("%w: %w", console.ErrNoDeadMessage, err)
+	}
+	return err
+}
