@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,22 +88,54 @@ func newPgStore(b testing.TB) *idempgx.Store {
 	return s
 }
 
+// benchStores are the stores the benchmarks compare.
+var benchStores = []struct {
+	name string
+	wrap func(b *testing.B, s *idempgx.Store) idemstore.Store
+}{
+	{"Postgres", func(_ *testing.B, s *idempgx.Store) idemstore.Store { return s }},
+	{"PostgresLRU", func(_ *testing.B, s *idempgx.Store) idemstore.Store {
+		return New(s, NewLRU(10000, 0), nil)
+	}},
+	{"PostgresRedis", func(b *testing.B, s *idempgx.Store) idemstore.Store {
+		client := redisClient(b)
+		return New(s, newRedisCache(b, client), nil)
+	}},
+}
+
+// BenchmarkMiddlewareReplay replays one completed key.
 func BenchmarkMiddlewareReplay(b *testing.B) {
-	for _, bc := range []struct {
-		name string
-		wrap func(b *testing.B, s *idempgx.Store) idemstore.Store
-	}{
-		{"Postgres", func(_ *testing.B, s *idempgx.Store) idemstore.Store { return s }},
-		{"PostgresLRU", func(_ *testing.B, s *idempgx.Store) idemstore.Store {
-			return New(s, NewLRU(10000, 0), nil)
-		}},
-		{"PostgresRedis", func(b *testing.B, s *idempgx.Store) idemstore.Store {
-			client := redisClient(b)
-			return New(s, newRedisCache(b, client), nil)
-		}},
-	} {
+	for _, bc := range benchStores {
 		b.Run(bc.name, func(b *testing.B) {
 			benchReplay(b, bc.wrap(b, newPgStore(b)))
+		})
+	}
+}
+
+// BenchmarkMiddlewareNewKey runs new keys: what the cache adds to the write
+// path (a lookup that misses).
+func BenchmarkMiddlewareNewKey(b *testing.B) {
+	for _, bc := range benchStores {
+		b.Run(bc.name, func(b *testing.B) {
+			var runs atomic.Int32
+			mw := idem.New(bc.wrap(b, newPgStore(b)), &idem.Config{Logger: discardLogger()})(paymentHandler(&runs))
+			var n atomic.Int64
+			b.SetParallelism(benchParallelism)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":1000}`))
+					req.Header.Set(idem.HeaderKey, fmt.Sprintf("key-%d", n.Add(1)))
+					req.Header.Set("Content-Type", "application/json")
+					w := httptest.NewRecorder()
+					mw.ServeHTTP(w, req)
+					if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
+						b.Errorf("new key: %d %q", w.Code, w.Header().Get(idem.HeaderReplayed))
+						return
+					}
+				}
+			})
 		})
 	}
 }

@@ -53,10 +53,12 @@
 // a tool must also call Store.Invalidate, or the cache keeps answering the
 // record until its ExpiresAt.
 //
-// The clock is the store's: pass the same Config.Now as the store's. A store
-// on the database's clock and an app clock that runs behind it could serve a
-// record up to the skew past its expiry; Config.ExpiryMargin (one second by
-// default) absorbs a small skew.
+// The clock is the store's: idem stores take time from their own Config.Now,
+// never from the database, so pass the same function. With several app nodes
+// whose clocks disagree, a node that runs behind could serve a record from a
+// shared cache for up to the skew after a node ahead has already treated the
+// key as new; Config.ExpiryMargin (one second by default) absorbs a small
+// skew.
 //
 // A cache shared by several stores must not mix their records: give each
 // store (database, schema) its own Redis prefix.
