@@ -150,7 +150,9 @@ func (s *Store) Unwrap() idemstore.Store { return s.inner }
 // deletes a completed record outside idemstore.Store (SQL by hand, an
 // operator's purge) must call it, or the cache keeps answering the record
 // until its ExpiresAt. It is not bypassed after failures and returns the
-// cache's error.
+// cache's error. New returns an idemstore.Store; reach Invalidate through
+// the interface { Invalidate(context.Context, idemstore.Identity) error }, or
+// call the Cache's Delete, which does the same.
 func (s *Store) Invalidate(ctx context.Context, id idemstore.Identity) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
