@@ -44,6 +44,7 @@ var commands = []command{
 	{"proxy", "put the idempotency contract in front of any HTTP API", runProxy},
 	{"migrate", "apply, revert or list the schema migrations of a SQL store", runMigrate},
 	{"keys", "list, show, resolve and purge the records of a store", runKeys},
+	{"maintain", "sweep expired leases and reap expired records of a store", runMaintain},
 }
 
 // env is what a command may use of its process.

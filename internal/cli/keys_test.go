@@ -290,7 +290,9 @@ func TestKeysCommands(t *testing.T) {
 			t.Parallel()
 			b := kb.new(t)
 			acme := scopeOf("Bearer acme")
-			id := func(key string) idemstore.Identity { return idemstore.Identity{Scope: acme, Endpoint: payments, Key: key} }
+			id := func(key string) idemstore.Identity {
+				return idemstore.Identity{Scope: acme, Endpoint: payments, Key: key}
+			}
 			seed(t, b.store, id("k-completed"), idemstore.StateCompleted, time.Hour)
 			seed(t, b.store, id("k-released"), idemstore.StateReleased, time.Hour)
 			seed(t, b.store, id("k-unknown"), idemstore.StateUnknown, time.Hour)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/internal/proxy"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
@@ -31,6 +32,7 @@ type proxyOptions struct {
 	methods     []string
 	maxBody     int64
 	maxResponse int64
+	maintain    bool
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -64,6 +66,7 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through")
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
+	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper and reaper, default intervals) in this process")
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
@@ -165,6 +168,14 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	if o.maintain {
+		// Stopped before the store is closed (defers run last first).
+		m := idemmaint.New(store, maintainerConfig(e, 0, 0, 0))
+		if err := m.Start(ctx); err != nil {
+			return err
+		}
+		defer m.Stop()
+	}
 	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
@@ -175,6 +186,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"profile", o.profile,
 		"methods", strings.Join(o.methods, ","),
 		"scope_header", o.scopeHeader,
+		"maintain", o.maintain,
 	)
 	return serve(ctx, e, ln, idem.New(store, o.config(e))(upstream))
 }

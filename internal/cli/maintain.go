@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idem-dev/idem/idemmaint"
+	"github.com/idem-dev/idem/internal/storeurl"
+)
+
+// maintainOptions are the settings of `idem maintain`.
+type maintainOptions struct {
+	store         string
+	sweepInterval time.Duration
+	reapInterval  time.Duration
+	batchSize     int
+	once          bool
+}
+
+// maintainAbout says what the maintainer does, for `idem maintain -h`.
+const maintainAbout = "Runs the background maintenance of a store until SIGINT or SIGTERM:\n" +
+	"  sweeper     turns in_progress records whose lease expired into unknown (or\n" +
+	"              released, for transactional records), logging each one\n" +
+	"  reaper      deletes records past their retention, in bounded batches\n" +
+	"  reconciler  none: idem cannot ask your downstream whether an operation\n" +
+	"              happened. Unknown records are counted and logged at warn every\n" +
+	"              pass for an operator, who settles them with 'idem keys resolve'\n" +
+	"              (list them with 'idem keys list --state unknown'). A Go service\n" +
+	"              can run idemmaint with its own Config.Reconcile instead.\n" +
+	"Several maintainers may run against one shared store. --once runs one pass\n" +
+	"of each job and prints what it did (for cron). 'idem proxy --maintain' runs\n" +
+	"the same maintainer inside the proxy."
+
+func parseMaintain(args []string, e *env) (*maintainOptions, error) {
+	o := &maintainOptions{
+		store:         storeurl.Default,
+		sweepInterval: idemmaint.DefaultSweepInterval,
+		reapInterval:  idemmaint.DefaultReapInterval,
+		batchSize:     idemmaint.DefaultBatchSize,
+	}
+	fs := newFlagSet("maintain", "idem maintain [--store URL] [--sweep-interval D] [--reap-interval D] [--batch-size N] [--once]", maintainAbout)
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(durationValue{p: &o.sweepInterval}, "sweep-interval", "`DURATION` between two sweeps of expired leases")
+	fs.Var(durationValue{p: &o.reapInterval}, "reap-interval", "`DURATION` between two reaps of expired records")
+	fs.Var(countValue{&o.batchSize}, "batch-size", "records one store call sweeps, reaps or lists, at most `N`")
+	fs.BoolVar(&o.once, "once", false, "run one pass of each job, print what it did and exit")
+	if err := fs.parse(args, e); err != nil {
+		return nil, err
+	}
+	if o.batchSize == 0 {
+		return nil, usageErrorf("--batch-size must be positive")
+	}
+	return o, nil
+}
+
+// maintainerConfig is the configuration of the maintainer of `idem
+// maintain` and `idem proxy --maintain`: no reconciler, unknown records
+// logged for operators.
+func maintainerConfig(e *env, sweep, reap time.Duration, batch int) *idemmaint.Config {
+	return &idemmaint.Config{
+		SweepInterval: sweep,
+		ReapInterval:  reap,
+		BatchSize:     batch,
+		Logger:        e.logger,
+		OnReconcile: func(res idemmaint.ReconcileResult, err error) {
+			if err != nil || res.Listed == 0 {
+				return
+			}
+			e.logger.Warn("idem maintain: unknown records await an operator; list them with 'idem keys list --state unknown' and settle them with 'idem keys resolve'",
+				slog.Int("count", res.Listed), slog.Bool("truncated", res.Truncated))
+		},
+	}
+}
+
+func runMaintain(ctx context.Context, e *env, args []string) error {
+	return maintainMain(ctx, e, args, storeurl.Open)
+}
+
+func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) (err error) {
+	o, err := parseMaintain(args, e)
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := openStore(ctx, open, o.store)
+	if err != nil {
+		return err
+	}
+	defer closeStore(&err)
+	m := idemmaint.New(store, maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize))
+	if o.once {
+		err := m.RunOnce(ctx)
+		printMaintainStats(e, m.Stats())
+		if err != nil {
+			return fmt.Errorf("maintaining: %w", err)
+		}
+		return nil
+	}
+	e.logger.Info("maintaining",
+		"store", storeurl.Kind(o.store),
+		"store_url", storeurl.Redact(o.store),
+		"sweep_interval", o.sweepInterval,
+		"reap_interval", o.reapInterval,
+		"batch_size", o.batchSize,
+		"reconciler", "none",
+	)
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	e.logger.Info("shutting down")
+	m.Stop()
+	s := m.Stats()
+	e.logger.Info("stopped", "swept", s.Swept, "reaped", s.Reaped, "unknown_backlog", s.UnknownBacklog, "pass_errors", s.PassErrors)
+	return nil
+}
+
+// printMaintainStats prints what `idem maintain --once` did.
+func printMaintainStats(e *env, s idemmaint.Stats) {
+	fmt.Fprintf(e.stdout, "Swept %d expired leases, reaped %d expired records.\n", s.Swept, s.Reaped)
+	if s.UnknownBacklog > 0 {
+		more := ""
+		if s.UnknownBacklogTruncated {
+			more = " or more"
+		}
+		fmt.Fprintf(e.stdout, "%d%s unknown records await an operator: 'idem keys list --state unknown', then 'idem keys resolve'.\n",
+			s.UnknownBacklog, more)
+	}
+	if s.OldestInProgress > 0 {
+		fmt.Fprintf(e.stdout, "Oldest attempt in progress: %s.\n", roughDuration(s.OldestInProgress))
+	}
+	if s.PassErrors > 0 {
+		fmt.Fprintf(e.stdout, "%d passes failed.\n", s.PassErrors)
+	}
+}
