@@ -81,7 +81,7 @@ type scopeFlags struct {
 }
 
 func (s *scopeFlags) register(fs *flagSet) {
-	fs.StringVar(&s.scope, "tenant", "", "`SCOPE` as stored: for `idem proxy --scope-header`, the hex SHA-256 of the header's value")
+	fs.StringVar(&s.scope, "tenant", "", "`SCOPE` as stored: for 'idem proxy --scope-header', the hex SHA-256 of the header's value")
 	fs.StringVar(&s.headerValue, "tenant-header-value", "", "the scope header's `VALUE`, hashed as the proxy does (instead of --tenant)")
 }
 
@@ -344,7 +344,7 @@ type identityFlags struct {
 func (f *identityFlags) register(fs *flagSet) {
 	fs.Var(storeValue{&f.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
 	f.scope.register(fs)
-	fs.StringVar(&f.endpoint, "endpoint", "", "`ENDPOINT` of the record, e.g. \"POST /v1/payments\" (required)")
+	fs.StringVar(&f.endpoint, "endpoint", "", "`ENDPOINT` of the record, e.g. \"POST /v1/payments\"")
 }
 
 // identity returns the record's identity from the flags and the key.
@@ -693,7 +693,7 @@ func parseKeysPurge(args []string, e *env) (*keysPurgeOptions, *idemstore.Identi
 			"contract has no fenced delete for it). An audit line goes to stderr.")
 	o.register(fs)
 	fs.StringVar(&o.key, "key", "", "the `KEY` of the one record to delete")
-	fs.Var(countValue{&o.batchSize}, "batch-size", "records deleted per store call, without --key")
+	fs.Var(countValue{&o.batchSize}, "batch-size", "records deleted per store call, at most `N`, without --key")
 	if err := fs.parse(args, e); err != nil {
 		return nil, nil, err
 	}

@@ -2,11 +2,14 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/storeurl"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 func TestParseKeysList(t *testing.T) {
@@ -210,6 +216,48 @@ var keysBackends = []struct {
 	}},
 	{"sqlite", func(t *testing.T) *keysBackend { return urlBackend(t, "sqlite", sqliteURL(t)) }},
 	{"postgres", func(t *testing.T) *keysBackend { return urlBackend(t, "postgres", postgresURL(t)) }},
+	{"redis", func(t *testing.T) *keysBackend { return urlBackend(t, "redis", redisURL(t)) }},
+}
+
+// redisURL is the URL of the test Redis with a key prefix of the test's
+// own, whose keys are deleted when the test ends.
+func redisURL(t *testing.T) string {
+	t.Helper()
+	base := testenv.RedisURL(t)
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "cli_test_" + hex.EncodeToString(b) + ":"
+	t.Cleanup(func() {
+		opts, err := redis.ParseURL(base)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		client := redis.NewClient(opts)
+		defer client.Close()
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("listing the test's keys: %v", err)
+		}
+		if len(keys) > 0 {
+			if err := client.Del(ctx, keys...).Err(); err != nil {
+				t.Errorf("deleting the test's keys: %v", err)
+			}
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("prefix", prefix)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 func urlBackend(t *testing.T, name, u string) *keysBackend {
