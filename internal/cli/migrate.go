@@ -185,7 +185,9 @@ func runMigrate(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintf(e.stdout, "The %s store has no schema: nothing to migrate.\n", kind)
 		return nil
 	}
-	store, closeStore, err := storeurl.OpenWith(ctx, o.store, &storeurl.Options{NoMigrate: true})
+	// Only up may create a SQLite file: status and down on a mistyped path
+	// fail rather than report an empty new file.
+	store, closeStore, err := storeurl.OpenWith(ctx, o.store, &storeurl.Options{NoMigrate: true, NoCreate: o.action != "up"})
 	if err != nil {
 		return fmt.Errorf("opening the store: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/url"
+	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -184,7 +185,13 @@ func migrateCycle(t *testing.T, store string, names []string) {
 
 func TestMigrateSQLite(t *testing.T) {
 	t.Parallel()
-	migrateCycle(t, sqliteURL(t), []string{"001_create_keys"})
+	// An empty file is an empty database: status and down read it as
+	// they find it, only up creates a missing one.
+	path := filepath.Join(t.TempDir(), "idem.db")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	migrateCycle(t, "sqlite:"+path, []string{"001_create_keys"})
 }
 
 func TestMigratePostgres(t *testing.T) {
@@ -197,6 +204,17 @@ func TestMigrateFailures(t *testing.T) {
 	code, _, stderr := runCommand(t, nil, "migrate", "up", "--store", "sqlite:/nonexistent-dir/x/idem.db")
 	if code != ExitError || !strings.Contains(stderr, "idem migrate: ") {
 		t.Errorf("up on an unwritable path: exit %d, stderr %q; want 1 and the error", code, stderr)
+	}
+	// status and down do not create a SQLite file.
+	missing := filepath.Join(t.TempDir(), "typo.db")
+	for _, action := range []string{"status", "down"} {
+		code, _, stderr := runCommand(t, nil, "migrate", action, "--store", "sqlite:"+missing)
+		if code != ExitError || !strings.Contains(stderr, "no such file or directory") {
+			t.Errorf("%s on a missing file: exit %d, stderr %q; want 1 and the missing file", action, code, stderr)
+		}
+		if _, err := os.Stat(missing); err == nil {
+			t.Fatalf("%s created %s", action, missing)
+		}
 	}
 	code, _, stderr = runCommand(t, nil, "migrate", "--store", "memory:")
 	if code != ExitUsage || !strings.Contains(stderr, "want an action") {

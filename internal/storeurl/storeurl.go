@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +82,9 @@ type Options struct {
 	// is an *idemsqlite.Store or an *idempgx.Store whose schema may be
 	// missing or out of date. Defaults to false: migrate on open.
 	NoMigrate bool
+	// NoCreate fails to open a SQLite file that does not exist yet, rather
+	// than creating it. Defaults to false: create it.
+	NoCreate bool
 }
 
 // Open opens the store rawURL names and returns it with the function that
@@ -142,6 +146,11 @@ func openSQLite(rawURL string, o Options) (idemstore.Store, func() error, error)
 			cfg.Synchronous = values[len(values)-1]
 		default:
 			return nil, nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
+		}
+	}
+	if o.NoCreate {
+		if _, err := os.Stat(path); err != nil {
+			return nil, nil, fmt.Errorf("store %q: %w", rawURL, err)
 		}
 	}
 	if o.NoMigrate {
