@@ -53,7 +53,13 @@ func printKeysUsage(w io.Writer) {
 }
 
 func runKeys(ctx context.Context, e *env, args []string) error {
-	return keysMain(ctx, e, args, storeurl.Open)
+	return keysMain(ctx, e, args, openExisting)
+}
+
+// openExisting opens a store without creating a SQLite file: `idem keys` on
+// a mistyped path fails rather than report an empty new database.
+func openExisting(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
+	return storeurl.OpenWith(ctx, rawURL, &storeurl.Options{NoCreate: true})
 }
 
 // keysMain dispatches `idem keys` to its subcommand.

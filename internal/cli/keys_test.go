@@ -184,6 +184,7 @@ func TestKeysUsage(t *testing.T) {
 		{[]string{"keys", "resolve", "--help"}, ExitOK, "Usage: idem keys resolve --endpoint ENDPOINT", ""},
 		{[]string{"keys", "purge", "-h"}, ExitOK, "--key KEY  (IDEM_KEY)", ""},
 		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys -h' for usage."},
+		{[]string{"keys", "list", "--store", "sqlite:" + filepath.Join(t.TempDir(), "typo.db")}, ExitError, "", "idem keys: opening the store: store \"sqlite:"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCommand(t, nil, tt.args...)
@@ -214,7 +215,11 @@ var keysBackends = []struct {
 		s := idemmem.New(nil)
 		return &keysBackend{name: "memory", url: "memory:", store: s, open: sharedOpener(s)}
 	}},
-	{"sqlite", func(t *testing.T) *keysBackend { return urlBackend(t, "sqlite", sqliteURL(t)) }},
+	{"sqlite", func(t *testing.T) *keysBackend {
+		b := urlBackend(t, "sqlite", sqliteURL(t))
+		b.open = openExisting // as runKeys does
+		return b
+	}},
 	{"postgres", func(t *testing.T) *keysBackend { return urlBackend(t, "postgres", postgresURL(t)) }},
 	{"redis", func(t *testing.T) *keysBackend { return urlBackend(t, "redis", redisURL(t)) }},
 }
