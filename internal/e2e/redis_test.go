@@ -95,6 +95,7 @@ func TestRedisKilledMidTraffic(t *testing.T) {
 
 	r.Kill()
 	killed := time.Now()
+	totalAtKill := up.total()
 	sentAfterKill := func(s trafficShot) bool { return s.sent.After(killed) }
 	waitFor("to requests sent after the kill", sentAfterKill, 40)
 	stopTraffic()
@@ -130,6 +131,11 @@ func TestRedisKilledMidTraffic(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests answered before the kill, %d in flight at it, %d sent after it, all refused", before, inFlight, after)
+	// Only the requests in flight at the kill, reserved before it, may have
+	// reached the upstream since.
+	if grown := up.total() - totalAtKill; grown > inFlight {
+		t.Errorf("the upstream ran %d times after the kill, with only %d requests in flight at it", grown, inFlight)
+	}
 
 	// A replay of a key stored before the kill is refused too: the proxy
 	// cannot tell a replay from a new key without its store.
