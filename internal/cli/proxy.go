@@ -168,13 +168,15 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	var maint *idemmaint.Maintainer // nil without --maintain
 	if o.maintain {
 		// Stopped before the store is closed (defers run last first).
-		m := idemmaint.New(store, maintainerConfig(e, 0, 0, 0))
-		if err := m.Start(ctx); err != nil {
+		maint = idemmaint.New(store, maintainerConfig(e, 0, 0, 0))
+		if err := maint.Start(ctx); err != nil {
+			ln.Close()
 			return err
 		}
-		defer m.Stop()
+		defer maint.Stop()
 	}
 	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
 	defer upstream.CloseIdleConnections()
