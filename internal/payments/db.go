@@ -1,0 +1,659 @@
+package payments
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/idemsqlite"
+	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/storeurl"
+	"github.com/idem-dev/idem/outbox"
+)
+
+//go:embed queries/sqlite.sql
+var sqliteSQL string
+
+//go:embed queries/postgres.sql
+var postgresSQL string
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// database is the service's one database: the idem store's table, the
+// outbox and the payments, so that a payment, its outbox row and the key's
+// completion commit in one transaction.
+type database struct {
+	kind   string // storeurl.KindSQLite or storeurl.KindPostgres
+	store  idemstore.TxStore
+	outbox outbox.Store
+	repo   repo
+	close  func() error
+}
+
+// openDatabase opens the store rawURL names (sqlite:PATH or postgres://…,
+// with ?schema=NAME) and applies the embedded migrations of the idem store,
+// the outbox and the payments table.
+func openDatabase(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
+	switch storeurl.Kind(rawURL) {
+	case storeurl.KindSQLite:
+		return openSQLite(ctx, rawURL, now)
+	case storeurl.KindPostgres:
+		return openPostgres(ctx, rawURL, now)
+	}
+	return nil, fmt.Errorf("store %s: want sqlite:PATH or postgres://… (payments need a SQL store for transactional mode)", storeurl.Redact(rawURL))
+}
+
+func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
+	_, rest, _ := strings.Cut(rawURL, ":")
+	p, rawQuery, _ := strings.Cut(rest, "?")
+	if strings.HasPrefix(p, "//") {
+		u, err := url.Parse("sqlite:" + p)
+		if err != nil || u.Host != "" {
+			return nil, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
+		}
+		p = u.Path
+	}
+	if p == "" {
+		return nil, fmt.Errorf("store %q: the path is missing (e.g. %s)", rawURL, storeurl.Default)
+	}
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("store %q: %w", rawURL, err)
+	}
+	cfg := &idemsqlite.Config{Now: now}
+	for name, values := range query {
+		if name != "synchronous" {
+			return nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
+		}
+		cfg.Synchronous = values[len(values)-1]
+	}
+	store, err := idemsqlite.Open(p, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ob := outbox.NewSQLite(store.DB(), &outbox.Config{Now: now})
+	r := &sqliteRepo{db: store.DB(), q: mustParseQueries(sqliteSQL, "")}
+	d := &database{kind: storeurl.KindSQLite, store: store, outbox: ob, repo: r, close: store.Close}
+	if err := d.migrate(ctx, ob.Migrate, r.migrate); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("store %q: %w", rawURL, err)
+	}
+	return d, nil
+}
+
+func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
+	redacted := storeurl.Redact(rawURL)
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: invalid URL", redacted)
+	}
+	// schema is ours, not a PostgreSQL parameter.
+	q := u.Query()
+	schema := q.Get("schema")
+	if schema == "" {
+		schema = idempgx.DefaultSchema
+	}
+	q.Del("schema")
+	u.RawQuery = q.Encode()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", redacted, err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", redacted, err)
+	}
+	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
+	ob := outbox.NewPgx(pool, &outbox.Config{Schema: schema, Now: now})
+	quoted := pgx.Identifier{schema}.Sanitize() + "."
+	r := &pgxRepo{pool: pool, schema: quoted, q: mustParseQueries(postgresSQL, quoted)}
+	closeAll := func() error { store.Close(); pool.Close(); return nil }
+	d := &database{kind: storeurl.KindPostgres, store: store, outbox: ob, repo: r, close: closeAll}
+	migrateIdem := func(ctx context.Context) error { _, err := store.Migrate(ctx); return err }
+	if err := migrateIdem(ctx); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("store %s: %w", redacted, err)
+	}
+	if err := d.migrate(ctx, ob.Migrate, r.migrate); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("store %s: %w", redacted, err)
+	}
+	return d, nil
+}
+
+// migrate applies the outbox's migrations, then the payments table's.
+func (d *database) migrate(ctx context.Context, migrateOutbox func(context.Context) ([]outbox.Migration, error), migratePayments func(context.Context) error) error {
+	if _, err := migrateOutbox(ctx); err != nil {
+		return fmt.Errorf("migrating the outbox: %w", err)
+	}
+	if err := migratePayments(ctx); err != nil {
+		return fmt.Errorf("migrating the payments table: %w", err)
+	}
+	return nil
+}
+
+// migration is one embedded migration of the payments table.
+type migration struct {
+	version int
+	name    string
+	up      string
+}
+
+// loadMigrations reads the NNN_name.up.sql files of dir in version order;
+// the .down.sql files are documentation for operators.
+func loadMigrations(dir string) []migration {
+	entries, err := fs.ReadDir(migrationsFS, dir)
+	if err != nil {
+		panic("payments: " + err.Error())
+	}
+	var out []migration
+	for _, e := range entries {
+		base, ok := strings.CutSuffix(e.Name(), ".up.sql")
+		if !ok {
+			continue
+		}
+		num, name, _ := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			panic("payments: migration " + e.Name() + ": want NNN_name.up.sql")
+		}
+		b, err := fs.ReadFile(migrationsFS, path.Join(dir, e.Name()))
+		if err != nil {
+			panic("payments: " + err.Error())
+		}
+		out = append(out, migration{version: v, name: name, up: string(b)})
+	}
+	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
+	for i, m := range out {
+		if m.version != i+1 {
+			panic(fmt.Sprintf("payments: migration versions are not 1..n: %03d is number %d", m.version, i+1))
+		}
+	}
+	return out
+}
+
+var (
+	sqliteMigrations   = loadMigrations("migrations/sqlite")
+	postgresMigrations = loadMigrations("migrations/postgres")
+)
+
+// queries are one dialect's statements.
+type queries struct {
+	insert, getByKey, get, getByID, list                 string
+	markSucceeded, markFailed, markUnknown, deferRecheck string
+	unsettled                                            string
+}
+
+// mustParseQueries splits a queries file at its "-- name: X" lines and puts
+// schema (a quoted identifier and a dot, or "") in place of {{schema}}.
+func mustParseQueries(src, schema string) queries {
+	m := make(map[string]string)
+	var name string
+	var b strings.Builder
+	flush := func() {
+		if name != "" {
+			m[name] = strings.ReplaceAll(strings.TrimSpace(b.String()), "{{schema}}", schema)
+		}
+		b.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
+			flush()
+			name = strings.TrimSpace(n)
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	flush()
+	q := func(name string) string {
+		s, ok := m[name]
+		if !ok {
+			panic("payments: no statement " + name)
+		}
+		return s
+	}
+	return queries{
+		insert:        q("insert"),
+		getByKey:      q("get_by_key"),
+		get:           q("get"),
+		getByID:       q("get_by_id"),
+		list:          q("list"),
+		markSucceeded: q("mark_succeeded"),
+		markFailed:    q("mark_failed"),
+		markUnknown:   q("mark_unknown"),
+		deferRecheck:  q("defer_reconcile"),
+		unsettled:     q("unsettled"),
+	}
+}
+
+// unsettledPayment is a payment the reconciler looks at, with the state of
+// its outbox row.
+type unsettledPayment struct {
+	*Payment
+	// outboxState is the outbox row's state, or "missing".
+	outboxState string
+	// outboxUpdatedAt is when the outbox row last changed: for a dead row,
+	// when its last attempt ended.
+	outboxUpdatedAt time.Time
+}
+
+// repo is the payments table in one SQL dialect.
+type repo interface {
+	// insertTx inserts p (pending) inside the request's transaction.
+	insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error
+	// byKeyTx returns the tenant's payment made with the idempotency key,
+	// inside the request's transaction, or errNotFound.
+	byKeyTx(ctx context.Context, tx idemstore.Tx, tenant, key string) (*Payment, error)
+	// enqueueTx enqueues m inside the request's transaction.
+	enqueueTx(ctx context.Context, tx idemstore.Tx, ob outbox.Store, m outbox.Message) (int64, error)
+	// get returns the tenant's payment id, or errNotFound.
+	get(ctx context.Context, tenant, id string) (*Payment, error)
+	// byID returns the payment id of any tenant, or errNotFound.
+	byID(ctx context.Context, id string) (*Payment, error)
+	// list returns at most limit payments of the tenant with a seq below
+	// before, newest first.
+	list(ctx context.Context, tenant string, before int64, limit int) ([]*Payment, error)
+	// markSucceeded settles a payment that is not succeeded yet; it reports
+	// whether it changed a row.
+	markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error)
+	// markFailed fails a pending or unreconciled payment.
+	markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error)
+	// markUnknown marks a pending payment requires_reconciliation.
+	markUnknown(ctx context.Context, id string, now time.Time) (bool, error)
+	// deferReconcile counts a reconciliation attempt and sets the next.
+	deferReconcile(ctx context.Context, id string, next time.Time) error
+	// unsettled returns at most limit payments the reconciler should look
+	// at now.
+	unsettled(ctx context.Context, now time.Time, limit int) ([]*unsettledPayment, error)
+}
+
+// sqliteRepo is the payments table on SQLite; times are unix microseconds.
+type sqliteRepo struct {
+	db *sql.DB
+	q  queries
+}
+
+func sqlTx(tx idemstore.Tx) (*sql.Tx, error) {
+	stx, ok := tx.Driver().(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("payments: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
+	}
+	return stx, nil
+}
+
+func (r *sqliteRepo) migrate(ctx context.Context) error {
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// BEGIN IMMEDIATE: two processes migrating a new file take turns.
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS payments_migrations (
+		version    INTEGER NOT NULL CONSTRAINT payments_migrations_pkey PRIMARY KEY,
+		name       TEXT    NOT NULL,
+		applied_at INTEGER NOT NULL
+	) STRICT`); err != nil {
+		return err
+	}
+	var applied int
+	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM payments_migrations").Scan(&applied); err != nil {
+		return err
+	}
+	for _, m := range sqliteMigrations[min(applied, len(sqliteMigrations)):] {
+		if _, err := conn.ExecContext(ctx, m.up); err != nil {
+			return fmt.Errorf("migration %03d_%s: %w", m.version, m.name, err)
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO payments_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+			m.version, m.name, time.Now().UnixMicro()); err != nil {
+			return err
+		}
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		return err
+	}
+	committed = true
+	return nil
+}
+
+func (r *sqliteRepo) insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error {
+	stx, err := sqlTx(tx)
+	if err != nil {
+		return err
+	}
+	return stx.QueryRowContext(ctx, r.q.insert, p.ID, p.tenant, key, p.CustomerID, p.AmountCents,
+		p.Currency, p.providerKey, p.outboxID, p.CreatedAt.UnixMicro()).Scan(&p.seq)
+}
+
+func (r *sqliteRepo) byKeyTx(ctx context.Context, tx idemstore.Tx, tenant, key string) (*Payment, error) {
+	stx, err := sqlTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return scanSQLite(stx.QueryRowContext(ctx, r.q.getByKey, tenant, key))
+}
+
+func (r *sqliteRepo) enqueueTx(ctx context.Context, tx idemstore.Tx, ob outbox.Store, m outbox.Message) (int64, error) {
+	stx, err := sqlTx(tx)
+	if err != nil {
+		return 0, err
+	}
+	return ob.(*outbox.SQLiteStore).Enqueue(ctx, stx, m)
+}
+
+func (r *sqliteRepo) get(ctx context.Context, tenant, id string) (*Payment, error) {
+	return scanSQLite(r.db.QueryRowContext(ctx, r.q.get, tenant, id))
+}
+
+func (r *sqliteRepo) byID(ctx context.Context, id string) (*Payment, error) {
+	return scanSQLite(r.db.QueryRowContext(ctx, r.q.getByID, id))
+}
+
+func (r *sqliteRepo) list(ctx context.Context, tenant string, before int64, limit int) ([]*Payment, error) {
+	rows, err := r.db.QueryContext(ctx, r.q.list, tenant, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Payment
+	for rows.Next() {
+		p, err := scanSQLite(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+func (r *sqliteRepo) exec(ctx context.Context, query string, args ...any) (bool, error) {
+	res, err := r.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+func (r *sqliteRepo) markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markSucceeded, id, chargeID, now.UnixMicro())
+}
+
+func (r *sqliteRepo) markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markFailed, id, reason, now.UnixMicro())
+}
+
+func (r *sqliteRepo) markUnknown(ctx context.Context, id string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markUnknown, id, now.UnixMicro())
+}
+
+func (r *sqliteRepo) deferReconcile(ctx context.Context, id string, next time.Time) error {
+	_, err := r.exec(ctx, r.q.deferRecheck, id, next.UnixMicro())
+	return err
+}
+
+func (r *sqliteRepo) unsettled(ctx context.Context, now time.Time, limit int) ([]*unsettledPayment, error) {
+	rows, err := r.db.QueryContext(ctx, r.q.unsettled, now.UnixMicro(), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*unsettledPayment
+	for rows.Next() {
+		var s sqliteScan
+		u := &unsettledPayment{}
+		var obUpdated int64
+		if err := rows.Scan(append(s.dest(), &u.outboxState, &obUpdated)...); err != nil {
+			return nil, err
+		}
+		u.Payment = s.payment()
+		u.outboxUpdatedAt = time.UnixMicro(obUpdated).UTC()
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanSQLite(row rowScanner) (*Payment, error) {
+	var s sqliteScan
+	if err := row.Scan(s.dest()...); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, errNotFound
+		}
+		return nil, err
+	}
+	return s.payment(), nil
+}
+
+// sqliteScan receives the payment columns of a SQLite row.
+type sqliteScan struct {
+	p                Payment
+	status           string
+	chargeID, reason sql.NullString
+	created, updated int64
+}
+
+func (s *sqliteScan) dest() []any {
+	p := &s.p
+	return []any{&p.seq, &p.ID, &p.tenant, &p.CustomerID, &p.AmountCents, &p.Currency, &s.status,
+		&p.providerKey, &p.outboxID, &s.chargeID, &s.reason, &p.reconcileAttempts, &s.created, &s.updated}
+}
+
+func (s *sqliteScan) payment() *Payment {
+	p := s.p
+	p.Status = Status(s.status)
+	p.ChargeID = s.chargeID.String
+	p.FailureReason = s.reason.String
+	p.CreatedAt = time.UnixMicro(s.created).UTC()
+	p.updatedAt = time.UnixMicro(s.updated).UTC()
+	return &p
+}
+
+// pgxRepo is the payments table on PostgreSQL.
+type pgxRepo struct {
+	pool   *pgxpool.Pool
+	schema string // quoted schema and a dot
+	q      queries
+}
+
+func pgxTx(tx idemstore.Tx) (pgx.Tx, error) {
+	ptx, ok := tx.Driver().(pgx.Tx)
+	if !ok {
+		return nil, fmt.Errorf("payments: the request's transaction is a %T, not a pgx.Tx", tx.Driver())
+	}
+	return ptx, nil
+}
+
+// migrationLock serialises the payments migrations of concurrent starts.
+const migrationLock = 0x69_64_65_6d_70_61_79 // "idempay"
+
+func (r *pgxRepo) migrate(ctx context.Context) error {
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+r.schema+`payments_migrations (
+		version    integer     NOT NULL,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL,
+		CONSTRAINT payments_migrations_pkey PRIMARY KEY (version)
+	)`); err != nil {
+		return err
+	}
+	var applied int
+	if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+r.schema+"payments_migrations").Scan(&applied); err != nil {
+		return err
+	}
+	for _, m := range postgresMigrations[min(applied, len(postgresMigrations)):] {
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.up, "{{schema}}", r.schema)); err != nil {
+			return fmt.Errorf("migration %03d_%s: %w", m.version, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+r.schema+"payments_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+			m.version, m.name, time.Now()); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+func (r *pgxRepo) insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error {
+	ptx, err := pgxTx(tx)
+	if err != nil {
+		return err
+	}
+	return ptx.QueryRow(ctx, r.q.insert, p.ID, p.tenant, key, p.CustomerID, p.AmountCents,
+		p.Currency, p.providerKey, p.outboxID, p.CreatedAt).Scan(&p.seq)
+}
+
+func (r *pgxRepo) byKeyTx(ctx context.Context, tx idemstore.Tx, tenant, key string) (*Payment, error) {
+	ptx, err := pgxTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return scanPgx(ptx.QueryRow(ctx, r.q.getByKey, tenant, key))
+}
+
+func (r *pgxRepo) enqueueTx(ctx context.Context, tx idemstore.Tx, ob outbox.Store, m outbox.Message) (int64, error) {
+	ptx, err := pgxTx(tx)
+	if err != nil {
+		return 0, err
+	}
+	return ob.(*outbox.PgxStore).Enqueue(ctx, ptx, m)
+}
+
+func (r *pgxRepo) get(ctx context.Context, tenant, id string) (*Payment, error) {
+	return scanPgx(r.pool.QueryRow(ctx, r.q.get, tenant, id))
+}
+
+func (r *pgxRepo) byID(ctx context.Context, id string) (*Payment, error) {
+	return scanPgx(r.pool.QueryRow(ctx, r.q.getByID, id))
+}
+
+func (r *pgxRepo) list(ctx context.Context, tenant string, before int64, limit int) ([]*Payment, error) {
+	rows, err := r.pool.Query(ctx, r.q.list, tenant, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Payment
+	for rows.Next() {
+		p, err := scanPgx(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+func (r *pgxRepo) exec(ctx context.Context, query string, args ...any) (bool, error) {
+	tag, err := r.pool.Exec(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+func (r *pgxRepo) markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markSucceeded, id, chargeID, now)
+}
+
+func (r *pgxRepo) markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markFailed, id, reason, now)
+}
+
+func (r *pgxRepo) markUnknown(ctx context.Context, id string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.markUnknown, id, now)
+}
+
+func (r *pgxRepo) deferReconcile(ctx context.Context, id string, next time.Time) error {
+	_, err := r.exec(ctx, r.q.deferRecheck, id, next)
+	return err
+}
+
+func (r *pgxRepo) unsettled(ctx context.Context, now time.Time, limit int) ([]*unsettledPayment, error) {
+	rows, err := r.pool.Query(ctx, r.q.unsettled, now, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*unsettledPayment
+	for rows.Next() {
+		var s pgxScan
+		u := &unsettledPayment{}
+		if err := rows.Scan(append(s.dest(), &u.outboxState, &u.outboxUpdatedAt)...); err != nil {
+			return nil, err
+		}
+		u.Payment = s.payment()
+		u.outboxUpdatedAt = u.outboxUpdatedAt.UTC()
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+func scanPgx(row pgx.Row) (*Payment, error) {
+	var s pgxScan
+	if err := row.Scan(s.dest()...); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, errNotFound
+		}
+		return nil, err
+	}
+	return s.payment(), nil
+}
+
+// pgxScan receives the payment columns of a PostgreSQL row.
+type pgxScan struct {
+	p                Payment
+	status           string
+	chargeID, reason *string
+}
+
+func (s *pgxScan) dest() []any {
+	p := &s.p
+	return []any{&p.seq, &p.ID, &p.tenant, &p.CustomerID, &p.AmountCents, &p.Currency, &s.status,
+		&p.providerKey, &p.outboxID, &s.chargeID, &s.reason, &p.reconcileAttempts, &p.CreatedAt, &p.updatedAt}
+}
+
+func (s *pgxScan) payment() *Payment {
+	p := s.p
+	p.Status = Status(s.status)
+	if s.chargeID != nil {
+		p.ChargeID = *s.chargeID
+	}
+	if s.reason != nil {
+		p.FailureReason = *s.reason
+	}
+	p.CreatedAt = p.CreatedAt.UTC()
+	p.updatedAt = p.updatedAt.UTC()
+	return &p
+}

@@ -1,0 +1,62 @@
+-- Statements of the payments service on SQLite. Each starts with a
+-- "-- name: NAME" line; arguments are numbered. Times are unix microseconds.
+
+-- name: insert
+INSERT INTO payments (id, tenant, idempotency_key, customer_id, amount_cents, currency,
+                      status, provider_key, outbox_id, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8, ?9, ?9)
+RETURNING seq
+
+-- name: get_by_key
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM payments WHERE tenant = ?1 AND idempotency_key = ?2
+
+-- name: get
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM payments WHERE tenant = ?1 AND id = ?2
+
+-- name: get_by_id
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM payments WHERE id = ?1
+
+-- name: list
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM payments WHERE tenant = ?1 AND seq < ?2
+ORDER BY seq DESC LIMIT ?3
+
+-- name: mark_succeeded
+UPDATE payments
+SET status = 'succeeded', charge_id = ?2, failure_reason = NULL, next_reconcile_at = NULL, updated_at = ?3
+WHERE id = ?1 AND status <> 'succeeded'
+
+-- name: mark_failed
+UPDATE payments
+SET status = 'failed', failure_reason = ?2, next_reconcile_at = NULL, updated_at = ?3
+WHERE id = ?1 AND status IN ('pending', 'requires_reconciliation')
+
+-- name: mark_unknown
+UPDATE payments
+SET status = 'requires_reconciliation', updated_at = ?2
+WHERE id = ?1 AND status IN ('pending', 'requires_reconciliation')
+
+-- name: defer_reconcile
+UPDATE payments
+SET reconcile_attempts = reconcile_attempts + 1, next_reconcile_at = ?2
+WHERE id = ?1 AND status IN ('pending', 'requires_reconciliation')
+
+-- name: unsettled
+-- Payments the reconciler must look at: those whose outcome is unknown, and
+-- pending ones whose outbox row is no longer pending (dead-lettered, or done
+-- without the payment being settled).
+SELECT p.seq, p.id, p.tenant, p.customer_id, p.amount_cents, p.currency, p.status, p.provider_key,
+       p.outbox_id, p.charge_id, p.failure_reason, p.reconcile_attempts, p.created_at, p.updated_at,
+       COALESCE(o.state, 'missing'), COALESCE(o.updated_at, p.updated_at)
+FROM payments p LEFT JOIN idem_outbox o ON o.id = p.outbox_id
+WHERE p.status IN ('pending', 'requires_reconciliation')
+  AND (p.status = 'requires_reconciliation' OR o.state IS NULL OR o.state <> 'pending')
+  AND (p.next_reconcile_at IS NULL OR p.next_reconcile_at <= ?1)
+ORDER BY p.seq LIMIT ?2
