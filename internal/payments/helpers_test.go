@@ -272,7 +272,6 @@ func (b *bundle) count(t *testing.T, table string) int {
 	return n
 }
 
-
 // truncate deletes every payment, outbox row and idempotency record.
 func (b *bundle) truncate(t *testing.T) {
 	t.Helper()
