@@ -5,19 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcache"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemprom"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
 
@@ -163,4 +168,54 @@ func (c consoleOutbox) MessageRedrive(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: %w", console.ErrNoDeadMessage, err)
 	}
 	return err
+}
+
+// startOps serves h on addr until ctx ends; an empty addr serves nothing.
+// The returned wait blocks until the server has stopped.
+func startOps(ctx context.Context, e *env, addr string, h http.Handler) (wait func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("ops listener: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.logger.Error("ops listener stopped", "error", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	e.logger.Info("ops listening", "ops_addr", ln.Addr().String(), "metrics", "/metrics")
+	return func() { <-done }, nil
+}
+
+// openCache wraps store in the replay cache named by rawURL: "memory:" for
+// an in-process LRU (64 MiB), "redis://…" for Redis. Empty means no cache.
+func openCache(rawURL string, store idemstore.Store, logger *slog.Logger) (idemstore.Store, func() error, error) {
+	switch {
+	case rawURL == "":
+		return store, func() error { return nil }, nil
+	case rawURL == "memory:":
+		return idemcache.New(store, idemcache.NewLRU(0, 0), &idemcache.Config{Logger: logger}), func() error { return nil }, nil
+	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://"):
+		opt, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("cache URL: %w", err)
+		}
+		// A cache must fail fast: the store answers when it cannot.
+		opt.MaxRetries = -1
+		opt.DialerRetries = 1
+		client := redis.NewClient(opt)
+		return idemcache.New(store, idemcache.NewRedis(client, ""), &idemcache.Config{Logger: logger}), client.Close, nil
+	}
+	return nil, nil, fmt.Errorf("cache URL %q: want memory: or redis://…", storeurl.Redact(rawURL))
 }

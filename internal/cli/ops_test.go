@@ -4,7 +4,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-dev/idem"
@@ -65,5 +67,66 @@ func TestOpsConsoleOffWithoutToken(t *testing.T) {
 	}
 	if _, err := newOps(&opsOptions{consoleToken: "short"}, opsParts{Store: idemmem.New(nil)}); err == nil {
 		t.Fatal("a short console token was accepted")
+	}
+}
+
+// TestProxyOpsAndCache runs idem proxy with a replay cache and the ops
+// listener: a replay is served, /metrics counts it, the console answers.
+func TestProxyOpsAndCache(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	defer up.Close()
+	token := strings.Repeat("t", 24)
+	base, e, _ := startProxy(t, "--upstream", up.URL, "--store", "memory:", "--cache", "memory:",
+		"--ops-listen", "127.0.0.1:0", "--console-token", token, "--maintain")
+	for i := range 3 {
+		req, _ := http.NewRequest("POST", base+"/v1/pay", strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || (i > 0) != (resp.Header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("request %d: %d replayed=%q", i, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("upstream called %d times", calls.Load())
+	}
+	m := regexp.MustCompile(`ops_addr=(\S+)`).FindStringSubmatch(e.stderr.String())
+	if m == nil {
+		t.Fatalf("no ops address in the log:\n%s", e.stderr)
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `idem_decisions_total{decision="replayed",endpoint="POST /v1/pay",tenant=""} 2`) {
+		t.Fatalf("/metrics does not count the two replays:\n%s", body)
+	}
+	req, _ := http.NewRequest("GET", "http://"+m[1]+"/_idem/", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("console: %d", resp.StatusCode)
+	}
+}
+
+func TestOpenCacheRefusesUnknownScheme(t *testing.T) {
+	t.Parallel()
+	if _, _, err := openCache("memcached://x", idemmem.New(nil), nil); err == nil {
+		t.Fatal("an unknown cache scheme was accepted")
 	}
 }

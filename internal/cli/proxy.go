@@ -33,6 +33,8 @@ type proxyOptions struct {
 	maxBody     int64
 	maxResponse int64
 	maintain    bool
+	cache       string
+	ops         opsOptions
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -66,6 +68,8 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through")
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
+	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
+	o.ops.register(fs)
 	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper and reaper, default intervals) in this process")
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
@@ -178,6 +182,28 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		}
 		defer maint.Stop()
 	}
+	store, closeCache, err := openCache(o.cache, store, e.logger)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer closeCache()
+	opsHandler, err := newOps(&o.ops, opsParts{Store: store, Maintainer: maint, Logger: e.logger})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	opsCtx, stopOps := context.WithCancel(ctx)
+	waitOps, err := startOps(opsCtx, e, o.ops.listen, opsHandler.Handler)
+	if err != nil {
+		stopOps()
+		ln.Close()
+		return err
+	}
+	defer waitOps()
+	defer stopOps()
+	cfg := o.config(e)
+	cfg.Metrics = opsHandler.Metrics
 	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
@@ -189,6 +215,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"methods", strings.Join(o.methods, ","),
 		"scope_header", o.scopeHeader,
 		"maintain", o.maintain,
+		"cache", storeurl.Redact(o.cache),
 	)
-	return serve(ctx, e, ln, idem.New(store, o.config(e))(upstream))
+	return serve(ctx, e, ln, idem.New(store, cfg)(upstream))
 }
