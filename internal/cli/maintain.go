@@ -17,6 +17,7 @@ type maintainOptions struct {
 	reapInterval  time.Duration
 	batchSize     int
 	once          bool
+	ops           opsOptions
 }
 
 // maintainAbout says what the maintainer does, for `idem maintain -h`.
@@ -46,6 +47,7 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 	fs.Var(durationValue{p: &o.reapInterval}, "reap-interval", "`DURATION` between two reaps of expired records")
 	fs.Var(countValue{&o.batchSize}, "batch-size", "records one store call sweeps, reaps or lists, at most `N`")
 	fs.BoolVar(&o.once, "once", false, "run one pass of each job, print what it did and exit")
+	o.ops.register(fs)
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
@@ -105,6 +107,15 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		"batch_size", o.batchSize,
 		"reconciler", "none",
 	)
+	o2, err := newOps(&o.ops, opsParts{Store: store, Maintainer: m, Logger: e.logger})
+	if err != nil {
+		return err
+	}
+	waitOps, err := startOps(ctx, e, o.ops.listen, o2.Handler)
+	if err != nil {
+		return err
+	}
+	defer waitOps()
 	if err := m.Start(ctx); err != nil {
 		return err
 	}
