@@ -47,13 +47,19 @@ type Status struct {
 	AppliedAt time.Time
 }
 
+// StatusType is the constraint of the store packages' Migration types,
+// which have Status's fields.
+type StatusType interface {
+	~struct {
+		Version   int
+		Name      string
+		Applied   bool
+		AppliedAt time.Time
+	}
+}
+
 // As converts statuses to a store package's Migration type; nil stays nil.
-func As[M ~struct {
-	Version   int
-	Name      string
-	Applied   bool
-	AppliedAt time.Time
-}](ss []Status) []M {
+func As[M StatusType](ss []Status) []M {
 	if ss == nil {
 		return nil
 	}
@@ -62,6 +68,16 @@ func As[M ~struct {
 		out[i] = M(s)
 	}
 	return out
+}
+
+// AsOne converts one status, as Runner.Down returns it, to a store
+// package's Migration type; nil stays nil.
+func AsOne[M StatusType](s *Status) *M {
+	if s == nil {
+		return nil
+	}
+	m := M(*s)
+	return &m
 }
 
 // Load reads the migrations in dir of fsys: NNN_name.up.sql and

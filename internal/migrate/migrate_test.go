@@ -126,6 +126,12 @@ func TestAs(t *testing.T) {
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("As = %+v, want %+v", got, want)
 	}
+	if got := AsOne[storeMigration](nil); got != nil {
+		t.Errorf("AsOne(nil) = %+v, want nil", got)
+	}
+	if got := AsOne[storeMigration](&Status{2, "b", false, time.Time{}}); got == nil || *got != want[1] {
+		t.Errorf("AsOne = %+v, want %+v", got, want[1])
+	}
 }
 
 // TestLockID pins the advisory lock keys of the stores that existed before
