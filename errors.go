@@ -19,6 +19,9 @@ const (
 	CodeBodyTooLarge     = "body-too-large"
 	CodeStoreUnavailable = "store-unavailable"
 	CodeTooManyKeys      = "too-many-keys"
+	// CodeBodyUnreadable answers a request whose body could not be read
+	// (the client went away or sent a broken body); nothing is stored.
+	CodeBodyUnreadable = "body-unreadable"
 	// CodeConflict is the Appstrate profile's code for a reused key.
 	CodeConflict = "conflict"
 	// CodeUnauthorized answers a request whose scope could not be determined.
@@ -50,6 +53,7 @@ var problemTitles = map[string]string{
 	CodeBodyTooLarge:     "Request body too large",
 	CodeStoreUnavailable: "Idempotency store unavailable",
 	CodeTooManyKeys:      "Too many idempotency keys",
+	CodeBodyUnreadable:   "Request body unreadable",
 	CodeConflict:         "Idempotency-Key conflict",
 	CodeUnauthorized:     "Unauthorized",
 }

@@ -134,7 +134,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if err != nil {
 		// The client went away or sent a broken body: nothing is stored.
-		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, "The request body could not be read.", 0)
+		m.writeProblem(w, http.StatusBadRequest, CodeBodyUnreadable, "The request body could not be read.", 0)
 		return
 	}
 

@@ -918,3 +918,21 @@ func TestTracing(t *testing.T) {
 		}
 	}
 }
+
+type failingBody struct{}
+
+func (failingBody) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+func TestUnreadableBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	r := httptest.NewRequest("POST", "/v1/things", io.NopCloser(failingBody{}))
+	r.ContentLength = -1
+	r.Header.Set("Idempotency-Key", "key-one")
+	w := httptest.NewRecorder()
+	b.handler.ServeHTTP(w, r)
+	requireProblem(t, w, 400, "body-unreadable")
+	if b.calls.Load() != 0 || b.store.reserves.Load() != 0 {
+		t.Fatal("a request with an unreadable body reached the handler or the store")
+	}
+}
