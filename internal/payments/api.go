@@ -42,8 +42,9 @@ func (s *Service) routes() http.Handler {
 			}
 			return "", errors.New("no tenant")
 		},
-		Logger: s.log,
-		Now:    s.cfg.Now,
+		Metrics: s.cfg.Metrics,
+		Logger:  s.log,
+		Now:     s.cfg.Now,
 	})
 	api := http.NewServeMux()
 	api.Handle("POST /v1/payments", s.afterCommit(protect(http.HandlerFunc(s.create))))

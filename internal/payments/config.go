@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
 
@@ -109,6 +110,9 @@ type Config struct {
 	// kill its own process with SIGKILL at that point, for crash tests.
 	// Defaults to nil.
 	Crash func(CrashPoint)
+	// Metrics receives the idem middleware's decisions and store latencies
+	// (idemprom). Defaults to none.
+	Metrics idem.Metrics
 	// Rand draws the relay's backoff jitter. Defaults to the global source.
 	Rand *rand.Rand
 	// Logger receives the service's logs. Defaults to slog.Default().

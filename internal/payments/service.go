@@ -93,6 +93,10 @@ func (s *Service) Handler() http.Handler { return s.handler }
 // for operators' tools (metrics, the console).
 func (s *Service) Store() idemstore.Store { return s.db.store }
 
+// Maintainer returns the maintainer that sweeps and reaps the service's
+// idempotency keys, for its Stats.
+func (s *Service) Maintainer() *idemmaint.Maintainer { return s.maint }
+
 // Outbox returns the service's outbox store.
 func (s *Service) Outbox() outbox.Store { return s.db.outbox }
 

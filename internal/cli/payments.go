@@ -1,0 +1,359 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem"
+	paysvc "github.com/idem-dev/idem/internal/payments"
+	"github.com/idem-dev/idem/internal/provider"
+	"github.com/idem-dev/idem/internal/storeurl"
+)
+
+// demoTenant is the tenant made when --tokens is not given.
+const demoTenant = "demo"
+
+// crashEnv names the testing hook that makes `idem payments` kill itself
+// with SIGKILL at a crash point (paysvc.CrashPoint), for the crash tests.
+// It is not a flag and not user documentation.
+const crashEnv = "IDEM_PAYMENTS_CRASH_AT"
+
+// paymentsOptions are the settings of `idem payments`.
+type paymentsOptions struct {
+	listen            string
+	providerListen    string
+	providerURL       *url.URL
+	providerStore     string
+	store             string
+	tokens            map[string]string // tenant → token; nil: a demo tenant
+	faults            provider.Faults
+	relayWorkers      int
+	relayInterval     time.Duration
+	reconcileInterval time.Duration
+	maxAttempts       int
+	deliverTimeout    time.Duration
+	demo              bool
+	crashAt           paysvc.CrashPoint
+	ops               opsOptions
+}
+
+// parsePayments reads the flags of `idem payments` and their IDEM_*
+// fallbacks.
+func parsePayments(args []string, e *env) (*paymentsOptions, error) {
+	o := &paymentsOptions{
+		listen:            "127.0.0.1:8080",
+		providerListen:    "127.0.0.1:8081",
+		providerStore:     provider.DefaultStore,
+		store:             paysvc.DefaultStore,
+		relayWorkers:      paysvc.DefaultRelayWorkers,
+		relayInterval:     paysvc.DefaultRelayInterval,
+		reconcileInterval: paysvc.DefaultReconcileInterval,
+		maxAttempts:       paysvc.DefaultMaxAttempts,
+		deliverTimeout:    paysvc.DefaultDeliverTimeout,
+		demo:              true,
+	}
+	fs := newFlagSet("payments", "idem payments [flags]",
+		"Runs the reference payments service: POST /v1/payments writes the payment, an\n"+
+			"outbox row and the Idempotency-Key's completion in one transaction; relays charge\n"+
+			"a simulated provider (in-process, or --provider-url) with a key derived from the\n"+
+			"request, retry with backoff, and reconcile unknown outcomes by asking the provider.")
+	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` of the API; port 0 picks a free one")
+	fs.StringVar(&o.providerListen, "provider-listen", o.providerListen, "`ADDR` of the in-process provider")
+	fs.Var(httpURLValue{&o.providerURL}, "provider-url", "`URL` of an external provider (idem provider) to use instead of starting one")
+	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://…")
+	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH or postgres://… (?schema=NAME)")
+	fs.Var(tokensValue{&o.tokens}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
+	registerFaults(fs, &o.faults, "provider-")
+	fs.Var(positiveIntValue{&o.relayWorkers}, "relay-workers", "`N` outbox relays charging in parallel")
+	fs.Var(durationValue{p: &o.relayInterval}, "relay-interval", "`DURATION` between relay passes when idle (a new payment wakes them)")
+	fs.Var(durationValue{p: &o.reconcileInterval}, "reconcile-interval", "`DURATION` between reconciliation passes")
+	fs.Var(positiveIntValue{&o.maxAttempts}, "max-attempts", "`N` charge attempts before a payment's outbox row is dead-lettered")
+	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
+	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant, send one payment twice at start to show the replay")
+	o.ops.register(fs)
+	if err := fs.parse(args, e); err != nil {
+		return nil, err
+	}
+	if v, ok := e.lookupEnv(crashEnv); ok && v != "" {
+		if !slices.Contains(paysvc.CrashPoints, paysvc.CrashPoint(v)) {
+			return nil, usageErrorf("invalid value %q for %s: want one of %v", v, crashEnv, paysvc.CrashPoints)
+		}
+		o.crashAt = paysvc.CrashPoint(v)
+	}
+	return o, nil
+}
+
+// tokensValue is a list of TENANT=TOKEN pairs. Errors never show a token.
+type tokensValue struct{ p *map[string]string }
+
+func (v tokensValue) String() string {
+	if v.p == nil || *v.p == nil {
+		return ""
+	}
+	tenants := make([]string, 0, len(*v.p))
+	for t := range *v.p {
+		tenants = append(tenants, t+"=…")
+	}
+	sort.Strings(tenants)
+	return strings.Join(tenants, ",")
+}
+
+func (v tokensValue) Set(s string) error {
+	m := make(map[string]string)
+	tokens := make(map[string]bool)
+	for pair := range strings.SplitSeq(s, ",") {
+		tenant, token, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok {
+			return errors.New("want TENANT=TOKEN pairs separated by commas")
+		}
+		if err := paysvc.ValidateTenant(tenant); err != nil {
+			return errors.New(strings.TrimPrefix(err.Error(), "payments: "))
+		}
+		if err := paysvc.ValidateToken(token); err != nil {
+			return fmt.Errorf("the token of tenant %q: %w", tenant, err)
+		}
+		if _, dup := m[tenant]; dup {
+			return fmt.Errorf("tenant %q is named twice", tenant)
+		}
+		if tokens[token] {
+			return fmt.Errorf("the token of tenant %q is another tenant's too", tenant)
+		}
+		m[tenant], tokens[token] = token, true
+	}
+	*v.p = m
+	return nil
+}
+
+// positiveIntValue is an integer of at least 1.
+type positiveIntValue struct{ p *int }
+
+func (v positiveIntValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return fmt.Sprint(*v.p)
+}
+
+func (v positiveIntValue) Set(s string) error {
+	var n int
+	if _, err := fmt.Sscan(s, &n); err != nil || n < 1 || fmt.Sprint(n) != s {
+		return errors.New("want a whole number of at least 1")
+	}
+	*v.p = n
+	return nil
+}
+
+// lateMetrics forwards to the metrics of the operations endpoints, which
+// are built once the service (and its store) exist.
+type lateMetrics struct{ idem.Metrics }
+
+func runPayments(ctx context.Context, e *env, args []string) (err error) {
+	o, err := parsePayments(args, e)
+	if err != nil {
+		return err
+	}
+	tokens := o.tokens
+	demo := tokens == nil
+	if demo {
+		tokens = map[string]string{demoTenant: newDemoToken()}
+	}
+
+	providerURL := ""
+	if o.providerURL != nil {
+		providerURL = o.providerURL.String()
+	} else {
+		prov, err := provider.Listen(o.providerListen, &provider.Config{Store: o.providerStore, Faults: o.faults, Logger: e.logger})
+		if err != nil {
+			return fmt.Errorf("starting the provider: %w", err)
+		}
+		defer func() {
+			if cerr := prov.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("closing the provider: %w", cerr))
+			}
+		}()
+		providerURL = prov.URL()
+	}
+
+	metrics := &lateMetrics{}
+	cfg := &paysvc.Config{
+		Store:             o.store,
+		Tokens:            tokens,
+		ProviderURL:       providerURL,
+		RelayWorkers:      o.relayWorkers,
+		RelayInterval:     o.relayInterval,
+		ReconcileInterval: o.reconcileInterval,
+		MaxAttempts:       o.maxAttempts,
+		DeliverTimeout:    o.deliverTimeout,
+		Metrics:           metrics,
+		Logger:            e.logger,
+	}
+	if o.crashAt != "" {
+		cfg.Crash = crashHook(e, o.crashAt)
+	}
+	svc, err := paysvc.New(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("opening the service: %w", err)
+	}
+	defer func() {
+		// After the HTTP drain: the relays finish the charge in flight.
+		if cerr := svc.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing the service: %w", cerr))
+		}
+	}()
+
+	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger})
+	if err != nil {
+		return err
+	}
+	metrics.Metrics = opsHandler.Metrics
+	opsCtx, stopOps := context.WithCancel(ctx)
+	waitOps, err := startOps(opsCtx, e, o.ops.listen, opsHandler.Handler)
+	if err != nil {
+		stopOps()
+		return err
+	}
+	defer waitOps()
+	defer stopOps()
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	// The workers outlive ctx: after the HTTP drain, Close stops them and
+	// lets the charge in flight finish and be recorded.
+	if err := svc.Start(context.WithoutCancel(ctx)); err != nil {
+		ln.Close()
+		return err
+	}
+	api := "http://" + ln.Addr().String()
+	e.logger.Info("listening",
+		"addr", ln.Addr().String(),
+		"provider", storeurl.Redact(providerURL),
+		"store", storeurl.Kind(o.store),
+		"store_url", storeurl.Redact(o.store),
+		"tenants", len(tokens),
+	)
+	printBanner(e.stdout, o, api, providerURL, demo, tokens)
+
+	var demoDone sync.WaitGroup
+	if demo && o.demo {
+		demoCtx, stopDemo := context.WithCancel(ctx)
+		defer stopDemo()
+		demoDone.Go(func() { showReplay(demoCtx, e, api, tokens[demoTenant]) })
+	}
+	err = serve(ctx, e, ln, svc.Handler())
+	demoDone.Wait()
+	return err
+}
+
+// printBanner tells where the service listens and how to try it.
+func printBanner(w io.Writer, o *paymentsOptions, api, providerURL string, demo bool, tokens map[string]string) {
+	token := "TOKEN"
+	if demo {
+		token = tokens[demoTenant]
+	}
+	where := "in-process"
+	if o.providerURL != nil {
+		where = "external"
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "idem payments is running.\n\n")
+	fmt.Fprintf(&b, "  API       %s/v1/payments\n", api)
+	fmt.Fprintf(&b, "  provider  %s (%s; its ledger: GET %s/charges)\n", storeurl.Redact(providerURL), where, storeurl.Redact(providerURL))
+	fmt.Fprintf(&b, "  store     %s\n", storeurl.Redact(o.store))
+	if demo {
+		fmt.Fprintf(&b, "  tenant    %q, token %s (made for this run; --tokens TENANT=TOKEN,… for your own)\n", demoTenant, token)
+	} else {
+		fmt.Fprintf(&b, "  tenants   %d, from --tokens\n", len(tokens))
+	}
+	fmt.Fprintf(&b, "\nTry it:\n\n")
+	fmt.Fprintf(&b, "  curl -i %s/v1/payments \\\n", api)
+	fmt.Fprintf(&b, "    -H 'Authorization: Bearer %s' \\\n", token)
+	fmt.Fprintf(&b, "    -H 'Idempotency-Key: order-1001' \\\n")
+	fmt.Fprintf(&b, "    -H 'Content-Type: application/json' \\\n")
+	fmt.Fprintf(&b, "    -d '{\"customer_id\":\"cus_42\",\"amount_cents\":1999,\"currency\":\"EUR\"}'\n\n")
+	fmt.Fprintf(&b, "  Run it twice: the second answer is the first one, with Idempotent-Replayed: true.\n")
+	fmt.Fprintf(&b, "  Change the amount and keep the key: 422 key-reused.\n\n")
+	fmt.Fprintf(&b, "  curl -s %s/v1/payments -H 'Authorization: Bearer %s'\n", api, token)
+	fmt.Fprintf(&b, "  curl -s %s/charges\n\n", storeurl.Redact(providerURL))
+	w.Write(b.Bytes())
+}
+
+// showReplay sends one demo payment twice with the same key and prints both
+// answers: the second is the first, replayed.
+func showReplay(ctx context.Context, e *env, api, token string) {
+	key := "demo-" + randomHex(6)
+	body := []byte(`{"customer_id":"cus_demo","amount_cents":1999,"currency":"EUR"}`)
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "A retry, replayed: POST /v1/payments twice with Idempotency-Key: %s\n", key)
+	for i, label := range []string{"first ", "retry "} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, api+"/v1/payments", bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set(idem.HeaderKey, key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			e.logger.Warn("the start-up demo failed", "error", err)
+			return
+		}
+		answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		replayed := ""
+		if resp.Header.Get(idem.HeaderReplayed) == "true" {
+			replayed = "   Idempotent-Replayed: true"
+		}
+		fmt.Fprintf(&b, "  %s %s%s\n    %s\n", label, resp.Status, replayed, bytes.TrimSpace(answer))
+		if i == 1 {
+			fmt.Fprintf(&b, "  One payment, one charge: the relay charges it in the background.\n\n")
+		}
+	}
+	e.stdout.Write(b.Bytes())
+}
+
+// crashHook returns the Crash hook of the IDEM_PAYMENTS_CRASH_AT testing
+// hook: at the named point the process kills itself with SIGKILL, leaving
+// whatever was or was not committed, as a power cut would.
+func crashHook(e *env, at paysvc.CrashPoint) func(paysvc.CrashPoint) {
+	e.logger.Warn("testing hook: the process will kill itself", "env", crashEnv, "crash_at", string(at))
+	return func(p paysvc.CrashPoint) {
+		if p != at {
+			return
+		}
+		e.logger.Warn("testing hook: killing the process", "crash_at", string(p))
+		proc, err := os.FindProcess(os.Getpid())
+		if err == nil {
+			err = proc.Kill() // SIGKILL on Unix
+		}
+		if err != nil {
+			os.Exit(137)
+		}
+		select {} // the signal is on its way
+	}
+}
+
+func newDemoToken() string { return "demo_" + randomHex(16) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
