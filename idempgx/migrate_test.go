@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/fstest"
 
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -82,57 +81,21 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
-func TestLoadMigrations(t *testing.T) {
-	t.Parallel()
-	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
-	tests := []struct {
-		name    string
-		files   fstest.MapFS
-		wantErr string
-	}{
-		{"ok", fstest.MapFS{
-			"m/001_a.up.sql": file("1"), "m/001_a.down.sql": file("-1"),
-			"m/002_b.up.sql": file("2"), "m/002_b.down.sql": file("-2"),
-			"m/README.md": file("ignored"),
-		}, ""},
-		{"no down", fstest.MapFS{"m/001_a.up.sql": file("1")}, "lacks"},
-		{"bad name", fstest.MapFS{"m/a.up.sql": file("1")}, "want NNN_name"},
-		{"bad direction", fstest.MapFS{"m/001_a.sideways.sql": file("1")}, "want NNN_name"},
-		{"two names", fstest.MapFS{"m/001_a.up.sql": file("1"), "m/001_b.down.sql": file("-1")}, "two names"},
-		{"gap", fstest.MapFS{
-			"m/001_a.up.sql": file("1"), "m/001_a.down.sql": file("-1"),
-			"m/003_c.up.sql": file("3"), "m/003_c.down.sql": file("-3"),
-		}, "not 1..n"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ms, err := loadMigrations(tt.files, "m")
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(ms) != 2 || ms[0].Name != "a" || ms[1].up != "2" || ms[1].down != "-2" {
-				t.Fatalf("loaded %+v", ms)
-			}
-		})
-	}
-}
-
 // TestEmbeddedSQL checks that every statement and migration is present and
 // has its placeholders filled.
 func TestEmbeddedSQL(t *testing.T) {
 	t.Parallel()
 	loadQueries(`"s"`, "c") // panics when a statement is missing
-	stmts := parseQueries(queriesSQL)
-	if len(stmts) != 13 {
-		t.Errorf("queries.sql has %d statements, want 13", len(stmts))
+	if len(statements) != 13 {
+		t.Errorf("queries.sql has %d statements, want 13", len(statements))
 	}
-	maps.Copy(stmts, parseQueries(migrateSQL))
+	if len(migrations) == 0 {
+		t.Fatal("no embedded migrations")
+	}
+	stmts := maps.Clone(statements)
+	for _, m := range migrations {
+		stmts[m.String()+".up"], stmts[m.String()+".down"] = m.Up, m.Down
+	}
 	unqualified := regexp.MustCompile(`(?:^|[^.\w'])idem_(?:keys|migrations)\b`)
 	for name, sql := range stmts {
 		sql = expand(sql, `"s"`, "c")
@@ -151,8 +114,5 @@ func TestEmbeddedSQL(t *testing.T) {
 		if strings.Contains(strings.ToLower(code.String()), "now()") {
 			t.Errorf("%s reads the server's clock", name)
 		}
-	}
-	if len(migrations) == 0 || migrations[0].up == "" {
-		t.Fatal("no embedded migrations")
 	}
 }

@@ -3,15 +3,13 @@ package idempgx
 import (
 	"embed"
 	"fmt"
-	"maps"
 	"strings"
+
+	"github.com/idem-dev/idem/internal/sqlfile"
 )
 
 //go:embed queries.sql
 var queriesSQL string
-
-//go:embed migrate.sql
-var migrateSQL string
 
 //go:embed migrations/*.sql
 var migrationsFS embed.FS
@@ -31,10 +29,6 @@ const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
 type queries struct {
 	reserve, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
-
-	migrateLock, schemaExists, createSchema, createMigrationsTable,
-	migrationsTableExists, appliedMigrations, recordMigration,
-	unrecordMigration string
 }
 
 // expand fills the placeholders of queries.sql and of the migrations: the
@@ -48,40 +42,16 @@ func expand(sql, schema, channel string) string {
 	).Replace(sql)
 }
 
-// parseQueries splits queries.sql at its "-- name: X" lines.
-func parseQueries(src string) map[string]string {
-	out := make(map[string]string)
-	var name string
-	var b strings.Builder
-	flush := func() {
-		if name != "" {
-			out[name] = strings.TrimSpace(b.String())
-		}
-		b.Reset()
-	}
-	for line := range strings.Lines(src) {
-		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
-			flush()
-			name = strings.TrimSpace(n)
-			continue
-		}
-		if name != "" {
-			b.WriteString(line)
-		}
-	}
-	flush()
-	return out
-}
+// statements are the statements of queries.sql, before expand.
+var statements = sqlfile.MustParse("idempgx/queries.sql", queriesSQL)
 
 // loadQueries returns the statements for the quoted schema name and the
 // notification channel.
 func loadQueries(schema, channel string) *queries {
-	m := parseQueries(queriesSQL)
-	maps.Copy(m, parseQueries(migrateSQL))
 	q := func(name string) string {
-		sql, ok := m[name]
+		sql, ok := statements[name]
 		if !ok {
-			panic(fmt.Sprintf("idempgx: no statement %q in queries.sql or migrate.sql", name))
+			panic(fmt.Sprintf("idempgx: no statement %q in queries.sql", name))
 		}
 		return expand(sql, schema, channel)
 	}
@@ -99,14 +69,5 @@ func loadQueries(schema, channel string) *queries {
 		reap:        q("reap"),
 		list:        q("list"),
 		wait:        q("wait"),
-
-		migrateLock:           q("migrate_lock"),
-		schemaExists:          q("schema_exists"),
-		createSchema:          q("create_schema"),
-		createMigrationsTable: q("create_migrations_table"),
-		migrationsTableExists: q("migrations_table_exists"),
-		appliedMigrations:     q("applied_migrations"),
-		recordMigration:       q("record_migration"),
-		unrecordMigration:     q("unrecord_migration"),
 	}
 }
