@@ -2,7 +2,6 @@ package idempgx
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/idem-dev/idem/internal/migrate"
@@ -44,28 +43,19 @@ func (s *Store) migrator() *migrate.Runner {
 // advisory lock, so processes that start at once apply each migration once.
 func (s *Store) Migrate(ctx context.Context) ([]Migration, error) {
 	done, err := s.migrator().Up(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("migrating up: %w", err)
-	}
-	return migrate.As[Migration](done), nil
+	return migrate.As[Migration](done), err
 }
 
 // MigrateDown reverts the latest applied migration and returns it, or nil
 // when none is applied.
 func (s *Store) MigrateDown(ctx context.Context) (*Migration, error) {
 	reverted, err := s.migrator().Down(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("migrating down: %w", err)
-	}
-	return migrate.AsOne[Migration](reverted), nil
+	return migrate.AsOne[Migration](reverted), err
 }
 
 // MigrationStatus returns every embedded migration with its state in the
 // database.
 func (s *Store) MigrationStatus(ctx context.Context) ([]Migration, error) {
 	status, err := s.migrator().Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reading migration status: %w", err)
-	}
-	return migrate.As[Migration](status), nil
+	return migrate.As[Migration](status), err
 }

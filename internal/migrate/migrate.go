@@ -219,7 +219,7 @@ func (r *Runner) Up(ctx context.Context) ([]Status, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("migrating up: %w", err)
 	}
 	return done, nil
 }
@@ -246,7 +246,7 @@ func (r *Runner) Down(ctx context.Context) (*Status, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("migrating down: %w", err)
 	}
 	return reverted, nil
 }
@@ -256,7 +256,7 @@ func (r *Runner) Down(ctx context.Context) (*Status, error) {
 func (r *Runner) Status(ctx context.Context) ([]Status, error) {
 	applied, err := r.Dialect.Applied(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading migration status: %w", err)
 	}
 	out := make([]Status, len(r.Migrations))
 	for i, m := range r.Migrations {

@@ -321,7 +321,7 @@ func TestRunnerFailure(t *testing.T) {
 		ctx := t.Context()
 		r := b.runner(t, broken)
 		done, err := r.Up(ctx)
-		if err == nil || !strings.HasPrefix(err.Error(), "applying 002_broken: ") || done != nil {
+		if err == nil || !strings.HasPrefix(err.Error(), "migrating up: applying 002_broken: ") || done != nil {
 			t.Fatalf("Up = %+v, %v; want an error applying 002_broken", done, err)
 		}
 		if b.exists(t, "a") {
@@ -342,7 +342,7 @@ func TestRunnerFailure(t *testing.T) {
 		if _, err := r.Up(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if s, err := r.Down(ctx); err == nil || !strings.HasPrefix(err.Error(), "reverting 001_create_a: ") || s != nil {
+		if s, err := r.Down(ctx); err == nil || !strings.HasPrefix(err.Error(), "migrating down: reverting 001_create_a: ") || s != nil {
 			t.Fatalf("Down = %+v, %v; want an error reverting 001_create_a", s, err)
 		}
 		status, err = r.Status(ctx)
