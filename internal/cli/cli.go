@@ -41,12 +41,12 @@ type command struct {
 // commands are the subcommands, in the order usage lists them. A new
 // subcommand is a file with its run function and one line here.
 var commands = []command{
-	{"payments", "run the reference payments service with its simulated provider", runPayments},
-	{"provider", "run the simulated payment provider alone, with a durable ledger", runProvider},
 	{"proxy", "put the idempotency contract in front of any HTTP API", runProxy},
 	{"migrate", "apply, revert or list the schema migrations of a SQL store", runMigrate},
 	{"keys", "list, show, resolve and purge the records of a store", runKeys},
 	{"maintain", "sweep expired leases and reap expired records of a store", runMaintain},
+	{"payments", "run the reference payments service with its simulated provider", runPayments},
+	{"provider", "run the simulated payment provider alone, with a durable ledger", runProvider},
 }
 
 // env is what a command may use of its process.

@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +38,7 @@ type paymentsOptions struct {
 	providerURL       *url.URL
 	providerStore     string
 	store             string
+	tokensRaw         string            // --tokens as given
 	tokens            map[string]string // tenant → token; nil: a demo tenant
 	faults            provider.Faults
 	relayWorkers      int
@@ -76,7 +76,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(httpURLValue{&o.providerURL}, "provider-url", "`URL` of an external provider (idem provider) to use instead of starting one")
 	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://…")
 	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH or postgres://… (?schema=NAME)")
-	fs.Var(tokensValue{&o.tokens}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
+	fs.Var(secretValue{&o.tokensRaw}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
 	registerFaults(fs, &o.faults, "provider-")
 	fs.Var(positiveIntValue{&o.relayWorkers}, "relay-workers", "`N` outbox relays charging in parallel")
 	fs.Var(durationValue{p: &o.relayInterval}, "relay-interval", "`DURATION` between relay passes when idle (a new payment wakes them)")
@@ -85,8 +85,16 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant, send one payment twice at start to show the replay")
 	o.ops.register(fs)
-	if err := fs.parse(args, e); err != nil {
+	err := fs.parse(args, e)
+	if err != nil {
 		return nil, err
+	}
+	if o.tokensRaw != "" {
+		// Checked here, not by the flag: the flag package would quote the
+		// tokens in its error.
+		if o.tokens, err = parseTokens(o.tokensRaw); err != nil {
+			return nil, usageErrorf("--tokens (or %s): %v", envName("tokens"), err)
+		}
 	}
 	if v, ok := e.lookupEnv(crashEnv); ok && v != "" {
 		if !slices.Contains(paysvc.CrashPoints, paysvc.CrashPoint(v)) {
@@ -97,45 +105,46 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	return o, nil
 }
 
-// tokensValue is a list of TENANT=TOKEN pairs. Errors never show a token.
-type tokensValue struct{ p *map[string]string }
+// secretValue is a string flag whose value is never shown.
+type secretValue struct{ p *string }
 
-func (v tokensValue) String() string {
-	if v.p == nil || *v.p == nil {
+func (v secretValue) String() string {
+	if v.p == nil || *v.p == "" {
 		return ""
 	}
-	tenants := make([]string, 0, len(*v.p))
-	for t := range *v.p {
-		tenants = append(tenants, t+"=…")
-	}
-	sort.Strings(tenants)
-	return strings.Join(tenants, ",")
+	return "…"
 }
 
-func (v tokensValue) Set(s string) error {
+func (v secretValue) Set(s string) error {
+	*v.p = s
+	return nil
+}
+
+// parseTokens reads TENANT=TOKEN pairs separated by commas. Its errors never
+// show a token.
+func parseTokens(s string) (map[string]string, error) {
 	m := make(map[string]string)
 	tokens := make(map[string]bool)
 	for pair := range strings.SplitSeq(s, ",") {
 		tenant, token, ok := strings.Cut(strings.TrimSpace(pair), "=")
 		if !ok {
-			return errors.New("want TENANT=TOKEN pairs separated by commas")
+			return nil, errors.New("want TENANT=TOKEN pairs separated by commas")
 		}
 		if err := paysvc.ValidateTenant(tenant); err != nil {
-			return errors.New(strings.TrimPrefix(err.Error(), "payments: "))
+			return nil, errors.New(strings.TrimPrefix(err.Error(), "payments: "))
 		}
 		if err := paysvc.ValidateToken(token); err != nil {
-			return fmt.Errorf("the token of tenant %q: %w", tenant, err)
+			return nil, fmt.Errorf("the token of tenant %q: %w", tenant, err)
 		}
 		if _, dup := m[tenant]; dup {
-			return fmt.Errorf("tenant %q is named twice", tenant)
+			return nil, fmt.Errorf("tenant %q is named twice", tenant)
 		}
 		if tokens[token] {
-			return fmt.Errorf("the token of tenant %q is another tenant's too", tenant)
+			return nil, fmt.Errorf("the token of tenant %q is another tenant's too", tenant)
 		}
 		m[tenant], tokens[token] = token, true
 	}
-	*v.p = m
-	return nil
+	return m, nil
 }
 
 // positiveIntValue is an integer of at least 1.

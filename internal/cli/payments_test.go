@@ -1,0 +1,326 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	paysvc "github.com/idem-dev/idem/internal/payments"
+	"github.com/idem-dev/idem/internal/provider"
+)
+
+const (
+	payToken      = "acme-token-0123456789"
+	payOtherToken = "globex-token-0123456789"
+)
+
+func TestParsePayments(t *testing.T) {
+	t.Parallel()
+	t.Run("defaults", func(t *testing.T) {
+		o, err := parsePayments(nil, newTestEnv(nil).env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.listen != "127.0.0.1:8080" || o.providerListen != "127.0.0.1:8081" || o.store != "sqlite:./idem.db" ||
+			o.providerStore != provider.DefaultStore || o.providerURL != nil || o.tokens != nil || !o.demo ||
+			o.relayWorkers != 1 || o.maxAttempts != paysvc.DefaultMaxAttempts || o.crashAt != "" {
+			t.Errorf("defaults %+v", o)
+		}
+	})
+	t.Run("flags", func(t *testing.T) {
+		o, err := parsePayments([]string{
+			"--listen", ":9000", "--provider-listen", ":9001", "--store", "postgres://db/x?schema=pay",
+			"--tokens", "acme=" + payToken + ", globex=" + payOtherToken,
+			"--provider-fail-rate", "0.25", "--provider-timeout-rate", "1", "--provider-latency", "150ms",
+			"--provider-url", "http://bank:8081", "--relay-workers", "4", "--relay-interval", "2s",
+			"--reconcile-interval", "1m", "--max-attempts", "5", "--deliver-timeout", "3s", "--demo=false",
+		}, newTestEnv(nil).env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := provider.Faults{FailRate: 0.25, TimeoutRate: 1, Latency: 150 * time.Millisecond}
+		if o.listen != ":9000" || o.providerListen != ":9001" || o.store != "postgres://db/x?schema=pay" ||
+			o.tokens["acme"] != payToken || o.tokens["globex"] != payOtherToken || len(o.tokens) != 2 ||
+			o.faults != want || o.providerURL.String() != "http://bank:8081" || o.relayWorkers != 4 ||
+			o.relayInterval != 2*time.Second || o.reconcileInterval != time.Minute || o.maxAttempts != 5 ||
+			o.deliverTimeout != 3*time.Second || o.demo {
+			t.Errorf("parsed %+v", o)
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		e := newTestEnv(map[string]string{
+			"IDEM_TOKENS":             "acme=" + payToken,
+			"IDEM_STORE":              "sqlite:/tmp/p.db",
+			"IDEM_PROVIDER_FAIL_RATE": "0.5",
+			"IDEM_PAYMENTS_CRASH_AT":  "after_charge",
+			"IDEM_LISTEN":             "127.0.0.1:0",
+		})
+		o, err := parsePayments([]string{"--listen", "127.0.0.1:7000"}, e.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.tokens["acme"] != payToken || o.store != "sqlite:/tmp/p.db" || o.faults.FailRate != 0.5 ||
+			o.crashAt != paysvc.CrashAfterCharge || o.listen != "127.0.0.1:7000" {
+			t.Errorf("parsed %+v", o)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"tokens without a pair", []string{"--tokens", "acme"}, nil},
+		{"short token", []string{"--tokens", "acme=short-secret"}, nil},
+		{"bad tenant", []string{"--tokens", "a c=" + payToken}, nil},
+		{"shared token", []string{"--tokens", "acme=" + payToken + ",globex=" + payToken}, nil},
+		{"tenant twice", []string{"--tokens", "acme=" + payToken + ",acme=" + payOtherToken}, nil},
+		{"rate over 1", []string{"--provider-fail-rate", "2"}, nil},
+		{"negative rate", []string{"--provider-timeout-rate", "-0.1"}, nil},
+		{"redis store", []string{"--store", "redis://localhost"}, nil},
+		{"memory store", []string{"--store", "memory:"}, nil},
+		{"zero workers", []string{"--relay-workers", "0"}, nil},
+		{"provider url", []string{"--provider-url", "ftp://bank"}, nil},
+		{"crash point", nil, map[string]string{"IDEM_PAYMENTS_CRASH_AT": "whenever"}},
+		{"env rate", nil, map[string]string{"IDEM_PROVIDER_LATENCY": "soon"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parsePayments(tc.args, newTestEnv(tc.env).env)
+			var uerr usageError
+			if !errors.As(err, &uerr) {
+				t.Fatalf("err = %v, want a usage error", err)
+			}
+			if strings.Contains(err.Error(), payToken) || strings.Contains(err.Error(), "short-secret") {
+				t.Errorf("the error shows a token: %v", err)
+			}
+		})
+	}
+}
+
+// payCommand runs an idem command that serves until stopped and returns the
+// address it listens on.
+func payCommand(t *testing.T, e *testEnv, args ...string) (string, func() int) {
+	t.Helper()
+	addrc := make(chan net.Addr, 1)
+	e.listening = func(a net.Addr) { addrc <- a }
+	ctx, cancel := context.WithCancel(context.Background())
+	codec := make(chan int, 1)
+	go func() { codec <- run(ctx, args, e.env) }()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case code := <-codec:
+		cancel()
+		t.Fatalf("idem %s exited %d at start: %s", args[0], code, e.stderr)
+	}
+	stopped := false
+	stop := func() int {
+		stopped = true
+		cancel()
+		select {
+		case code := <-codec:
+			return code
+		case <-time.After(20 * time.Second):
+			t.Fatalf("idem %s did not stop within 20s", args[0])
+			return -1
+		}
+	}
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	return "http://" + addr.String(), stop
+}
+
+// payArgs are the arguments of an `idem payments` on files of the test.
+func payArgs(t *testing.T, more ...string) []string {
+	dir := t.TempDir()
+	return append([]string{"payments", "--listen", "127.0.0.1:0", "--provider-listen", "127.0.0.1:0",
+		"--store", "sqlite:" + filepath.Join(dir, "payments.db"),
+		"--provider-store", "sqlite:" + filepath.Join(dir, "provider.db")}, more...)
+}
+
+func postPayment(t *testing.T, base, token, key string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/payments",
+		strings.NewReader(`{"customer_id":"cus_1","amount_cents":1999,"currency":"EUR"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}
+
+// Without --tokens, a demo tenant is made, its token printed, and a retry
+// shown being replayed.
+func TestPaymentsDemo(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	base, stop := payCommand(t, e, payArgs(t)...)
+	if !e.stdout.waitFor("Idempotent-Replayed: true", 10*time.Second) {
+		t.Fatalf("no replay shown; stdout:\n%s\nstderr:\n%s", e.stdout, e.stderr)
+	}
+	out := e.stdout.String()
+	for _, want := range []string{base + "/v1/payments", "/charges", "curl", "Idempotency-Key", `tenant    "demo", token demo_`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	// The printed token works.
+	_, rest, _ := strings.Cut(out, "token ")
+	token, _, _ := strings.Cut(rest, " ")
+	if resp, body := postPayment(t, base, token, "k1"); resp.StatusCode != http.StatusCreated {
+		t.Errorf("POST with the printed token: %d %s", resp.StatusCode, body)
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit %d; stderr %s", code, e.stderr)
+	}
+}
+
+// On SIGTERM the request in flight completes, then the relays stop and the
+// command returns 0.
+func TestPaymentsDrainsOnShutdown(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken)...)
+	if strings.Contains(e.stdout.String(), payToken) {
+		t.Error("the banner shows a token given with --tokens")
+	}
+
+	// The body is sent only once the handler reads it (Expect:
+	// 100-continue): then the request is surely in flight.
+	bodyR, bodyW := io.Pipe()
+	reading := make(chan struct{})
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	resc := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payments", bodyR)
+		req.Header.Set("Authorization", "Bearer "+payToken)
+		req.Header.Set("Idempotency-Key", "drain-1")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Expect", "100-continue")
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			Got100Continue: func() { close(reading) },
+		}))
+		client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Do(req)
+		if err != nil {
+			resc <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		resc <- result{resp.StatusCode, string(b), err}
+	}()
+	select {
+	case <-reading:
+	case r := <-resc:
+		t.Fatalf("the request ended early: %+v", r)
+	}
+	codec := make(chan int, 1)
+	go func() { codec <- stop() }()
+	if !e.stderr.waitFor("shutting down", 10*time.Second) {
+		t.Fatal("the server never started shutting down")
+	}
+	select {
+	case code := <-codec:
+		t.Fatalf("idem payments exited %d with a request in flight", code)
+	default:
+	}
+	io.WriteString(bodyW, `{"customer_id":"cus_1","amount_cents":1999,"currency":"EUR"}`)
+	bodyW.Close()
+	r := <-resc
+	if r.err != nil || r.status != http.StatusCreated || !strings.Contains(r.body, `"status":"pending"`) {
+		t.Errorf("in-flight request = %d %q %v, want 201 with a pending payment", r.status, r.body, r.err)
+	}
+	if code := <-codec; code != ExitOK {
+		t.Errorf("exit %d, want 0; stderr: %s", code, e.stderr)
+	}
+	if !e.stderr.waitFor("stopped", time.Second) {
+		t.Errorf("no stop logged: %s", e.stderr)
+	}
+}
+
+// idem payments --provider-url charges an external provider, which idem
+// provider runs alone.
+func TestPaymentsWithExternalProvider(t *testing.T) {
+	t.Parallel()
+	pe := newTestEnv(nil)
+	bank, stopBank := payCommand(t, pe, "provider", "--listen", "127.0.0.1:0",
+		"--store", "sqlite:"+filepath.Join(t.TempDir(), "bank.db"))
+	if !strings.Contains(pe.stdout.String(), bank+"/charges") {
+		t.Errorf("idem provider printed %q, want its ledger URL", pe.stdout)
+	}
+
+	e := newTestEnv(nil)
+	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--provider-url", bank)...)
+	resp, body := postPayment(t, base, payToken, "external-1")
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := postPayment(t, base, payToken, "external-1"); resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Error("the retry was not replayed")
+	}
+	if !e.stderr.waitFor("payments: payment succeeded", 10*time.Second) {
+		t.Fatalf("the payment was never charged; stderr: %s", e.stderr)
+	}
+	ledger, err := http.Get(bank + "/charges")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ledger.Body.Close()
+	var charges []map[string]any
+	if err := json.NewDecoder(ledger.Body).Decode(&charges); err != nil {
+		t.Fatal(err)
+	}
+	if len(charges) != 1 || charges[0]["amount_cents"] != float64(1999) || charges[0]["idempotency_key"] == "" {
+		t.Errorf("ledger %v, want one charge of 1999 with its key", charges)
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("payments exit %d; stderr %s", code, e.stderr)
+	}
+	if code := stopBank(); code != ExitOK {
+		t.Errorf("provider exit %d; stderr %s", code, pe.stderr)
+	}
+}
+
+func TestParseProvider(t *testing.T) {
+	t.Parallel()
+	o, err := parseProvider(nil, newTestEnv(nil).env)
+	if err != nil || o.listen != "127.0.0.1:8081" || o.store != provider.DefaultStore || o.faults != (provider.Faults{}) {
+		t.Errorf("defaults %+v, %v", o, err)
+	}
+	o, err = parseProvider([]string{"--fail-rate", "0.1", "--timeout-rate", "0.2", "--latency", "1s"},
+		newTestEnv(map[string]string{"IDEM_LISTEN": ":1234", "IDEM_STORE": "postgres://db/x"}).env)
+	want := provider.Faults{FailRate: 0.1, TimeoutRate: 0.2, Latency: time.Second}
+	if err != nil || o.listen != ":1234" || o.store != "postgres://db/x" || o.faults != want {
+		t.Errorf("parsed %+v, %v", o, err)
+	}
+	for _, args := range [][]string{{"--fail-rate", "x"}, {"--store", "memory:"}, {"--latency", "-1s"}, {"extra"}} {
+		var uerr usageError
+		if _, err := parseProvider(args, newTestEnv(nil).env); !errors.As(err, &uerr) {
+			t.Errorf("%v: err = %v, want a usage error", args, err)
+		}
+	}
+}
