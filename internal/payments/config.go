@@ -90,8 +90,11 @@ type Config struct {
 	// BackoffBase and BackoffMax shape the exponential backoff (with full
 	// jitter) between attempts. Default to 1 second and 5 minutes.
 	BackoffBase, BackoffMax time.Duration
-	// DeliverTimeout bounds one call to the provider; a call that runs out
-	// of time has an unknown outcome. Defaults to 10 seconds.
+	// DeliverTimeout bounds one delivery (a lookup and a charge at the
+	// provider) and one reconciliation lookup; a charge that runs out of
+	// time has an unknown outcome. A relay pass lasts at most three times
+	// as long, and a row claimed by a relay that died is claimed again
+	// after that and 5 seconds more. Defaults to 10 seconds.
 	DeliverTimeout time.Duration
 	// ReconcileInterval is the pause between reconciliation passes.
 	// Defaults to 10 seconds.

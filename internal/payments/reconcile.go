@@ -51,7 +51,9 @@ func (s *Service) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
 		}
 		res.Checked++
 		log := s.log.With("payment_id", u.ID, "status", string(u.Status), "outbox_state", u.outboxState)
-		ch, found, err := s.provider.lookup(ctx, u.providerKey)
+		lctx, cancel := context.WithTimeout(ctx, s.cfg.DeliverTimeout)
+		ch, found, err := s.provider.lookup(lctx, u.providerKey)
+		cancel()
 		if err == nil {
 			s.crash(CrashMidReconcile)
 		}

@@ -72,7 +72,7 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 			Backoff:        outbox.Backoff{Base: c.BackoffBase, Max: c.BackoffMax},
 			BatchSize:      20,
 			PollInterval:   c.RelayInterval,
-			PassTimeout:    max(time.Minute, 3*c.DeliverTimeout),
+			PassTimeout:    3 * c.DeliverTimeout,
 			DeliverTimeout: c.DeliverTimeout,
 			Rand:           c.Rand,
 			Logger:         c.Logger,
@@ -187,7 +187,7 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, max(time.Minute, 3*s.cfg.DeliverTimeout))
+		pctx, cancel := context.WithTimeout(ctx, 3*s.cfg.DeliverTimeout)
 		if _, err := s.ReconcileOnce(pctx); err != nil {
 			s.log.Error("payments: reconciliation pass failed", "error", err)
 		}
