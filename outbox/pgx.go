@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/internal/migrate"
 )
 
 // PgxStore is the outbox on PostgreSQL through pgx v5. It is safe for
@@ -38,17 +39,7 @@ func NewPgx(pool *pgxpool.Pool, cfg *Config) *PgxStore {
 	return &PgxStore{pool: pool, cfg: c, schema: schema, q: postgresQueries(schema)}
 }
 
-// table returns the qualified name of one of the store's tables.
-func (s *PgxStore) table(name string) string { return withSchema("{{schema}}"+name, s.schema) }
-
 func (s *PgxStore) now() time.Time { return micro(s.cfg.Now()) }
-
-// pgxQuerier is what a pool, a connection and a transaction have in common.
-type pgxQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Enqueue inserts m in the caller's transaction and returns its id: the
 // message exists if and only if tx commits. AvailableAt defaults to now.
@@ -242,143 +233,38 @@ func interpretPgxError(err error) error {
 	return err
 }
 
+// migrator runs the PostgreSQL migrations in the store's schema, recording
+// them in idem_outbox_migrations there.
+func (s *PgxStore) migrator() *migrate.Runner {
+	return &migrate.Runner{
+		Migrations: postgresMigrations,
+		Dialect: &migrate.Postgres{
+			DB:       s.pool,
+			Schema:   s.cfg.Schema,
+			Table:    migrationsTable,
+			LockName: "outbox.migrate",
+		},
+		Now:    s.now,
+		Expand: func(sql string) string { return withSchema(sql, s.schema) },
+	}
+}
+
 // Migrate applies the pending migrations in the first schema of the
 // search_path and returns those it applied. It runs in one transaction
 // under an advisory lock, so processes that start at once apply each
 // migration once.
 func (s *PgxStore) Migrate(ctx context.Context) ([]Migration, error) {
-	var done []Migration
-	err := s.migrateTx(ctx, func(tx pgx.Tx, applied map[int]time.Time) error {
-		now := s.now()
-		for _, m := range postgresMigrations {
-			if _, ok := applied[m.Version]; ok {
-				continue
-			}
-			if _, err := tx.Exec(ctx, withSchema(m.up, s.schema)); err != nil {
-				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
-			}
-			_, err := tx.Exec(ctx, "INSERT INTO "+s.table("idem_outbox_migrations")+" (version, name, applied_at) VALUES ($1, $2, $3)",
-				m.Version, m.Name, now)
-			if err != nil {
-				return fmt.Errorf("recording %03d_%s: %w", m.Version, m.Name, err)
-			}
-			m.Applied, m.AppliedAt = true, now
-			done = append(done, m)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrating up: %w", err)
-	}
-	return done, nil
+	return migrateUp(ctx, s.migrator())
 }
 
 // MigrateDown reverts the latest applied migration and returns it, or nil
 // when none is applied.
 func (s *PgxStore) MigrateDown(ctx context.Context) (*Migration, error) {
-	var reverted *Migration
-	err := s.migrateTx(ctx, func(tx pgx.Tx, applied map[int]time.Time) error {
-		for i := len(postgresMigrations) - 1; i >= 0; i-- {
-			m := postgresMigrations[i]
-			if _, ok := applied[m.Version]; !ok {
-				continue
-			}
-			if _, err := tx.Exec(ctx, withSchema(m.down, s.schema)); err != nil {
-				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
-			}
-			if _, err := tx.Exec(ctx, "DELETE FROM "+s.table("idem_outbox_migrations")+" WHERE version = $1", m.Version); err != nil {
-				return fmt.Errorf("unrecording %03d_%s: %w", m.Version, m.Name, err)
-			}
-			reverted = &m
-			return nil
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrating down: %w", err)
-	}
-	return reverted, nil
+	return migrateDown(ctx, s.migrator())
 }
 
 // MigrationStatus returns every embedded migration with its state in the
 // database. It writes nothing.
 func (s *PgxStore) MigrationStatus(ctx context.Context) ([]Migration, error) {
-	applied, err := s.readApplied(ctx, s.pool)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: reading migration status: %w", err)
-	}
-	return withStatus(postgresMigrations, applied), nil
-}
-
-// migrateTx runs f in a transaction that holds the schema's migration lock
-// and has the schema and the migrations table in place.
-func (s *PgxStore) migrateTx(ctx context.Context, f func(tx pgx.Tx, applied map[int]time.Time) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		schema := s.cfg.Schema
-		if schema == "" {
-			var current *string
-			if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&current); err != nil {
-				return err
-			}
-			if current == nil {
-				return errors.New("no schema of the search_path exists")
-			}
-			schema = *current
-		}
-		h := fnv.New64a()
-		h.Write([]byte("outbox.migrate\x00" + schema))
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
-			return fmt.Errorf("taking the migration lock: %w", err)
-		}
-		if s.cfg.Schema != "" {
-			// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even
-			// when the schema exists; ask first.
-			var exists bool
-			err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.cfg.Schema).Scan(&exists)
-			if err != nil {
-				return err
-			}
-			if !exists {
-				if _, err := tx.Exec(ctx, "CREATE SCHEMA "+s.schema); err != nil {
-					return fmt.Errorf("creating schema: %w", err)
-				}
-			}
-		}
-		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table("idem_outbox_migrations")+` (
-    version    integer     NOT NULL CONSTRAINT idem_outbox_migrations_pkey PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL
-)`)
-		if err != nil {
-			return fmt.Errorf("creating the migrations table: %w", err)
-		}
-		applied, err := s.readApplied(ctx, tx)
-		if err != nil {
-			return err
-		}
-		return f(tx, applied)
-	})
-}
-
-// readApplied reads the migrations table; none when it is missing.
-func (s *PgxStore) readApplied(ctx context.Context, q pgxQuerier) (map[int]time.Time, error) {
-	applied := make(map[int]time.Time)
-	var table *string
-	if err := q.QueryRow(ctx, "SELECT to_regclass($1)::text", s.table("idem_outbox_migrations")).Scan(&table); err != nil {
-		return nil, err
-	}
-	if table == nil {
-		return applied, nil
-	}
-	rows, err := q.Query(ctx, "SELECT version, applied_at FROM "+s.table("idem_outbox_migrations"))
-	if err != nil {
-		return nil, err
-	}
-	var v int
-	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&v, &at}, func() error {
-		applied[v] = at.UTC()
-		return nil
-	})
-	return applied, err
+	return migrationStatus(ctx, s.migrator())
 }

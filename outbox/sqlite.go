@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idem-dev/idem/internal/migrate"
 )
 
 // SQLiteStore is the outbox on SQLite through database/sql (tested with
@@ -244,134 +246,31 @@ func interpretSQLiteError(err error) error {
 	return err
 }
 
+// migrator runs the SQLite migrations, recording them in
+// idem_outbox_migrations.
+func (s *SQLiteStore) migrator() *migrate.Runner {
+	return &migrate.Runner{
+		Migrations: sqliteMigrations,
+		Dialect:    &migrate.SQLite{DB: s.db, Table: migrationsTable},
+		Now:        s.now,
+	}
+}
+
 // Migrate applies the pending migrations and returns those it applied. It
 // runs in one IMMEDIATE transaction, so processes that start at once apply
 // each migration once.
 func (s *SQLiteStore) Migrate(ctx context.Context) ([]Migration, error) {
-	var done []Migration
-	err := s.migrateTx(ctx, func(conn *sql.Conn, applied map[int]time.Time) error {
-		now := s.now()
-		for _, m := range sqliteMigrations {
-			if _, ok := applied[m.Version]; ok {
-				continue
-			}
-			if _, err := conn.ExecContext(ctx, m.up); err != nil {
-				return fmt.Errorf("applying %03d_%s: %w", m.Version, m.Name, err)
-			}
-			_, err := conn.ExecContext(ctx, "INSERT INTO idem_outbox_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-				m.Version, m.Name, now.UnixMicro())
-			if err != nil {
-				return fmt.Errorf("recording %03d_%s: %w", m.Version, m.Name, err)
-			}
-			m.Applied, m.AppliedAt = true, now
-			done = append(done, m)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrating up: %w", err)
-	}
-	return done, nil
+	return migrateUp(ctx, s.migrator())
 }
 
 // MigrateDown reverts the latest applied migration and returns it, or nil
 // when none is applied.
 func (s *SQLiteStore) MigrateDown(ctx context.Context) (*Migration, error) {
-	var reverted *Migration
-	err := s.migrateTx(ctx, func(conn *sql.Conn, applied map[int]time.Time) error {
-		for i := len(sqliteMigrations) - 1; i >= 0; i-- {
-			m := sqliteMigrations[i]
-			if _, ok := applied[m.Version]; !ok {
-				continue
-			}
-			if _, err := conn.ExecContext(ctx, m.down); err != nil {
-				return fmt.Errorf("reverting %03d_%s: %w", m.Version, m.Name, err)
-			}
-			if _, err := conn.ExecContext(ctx, "DELETE FROM idem_outbox_migrations WHERE version = ?", m.Version); err != nil {
-				return fmt.Errorf("unrecording %03d_%s: %w", m.Version, m.Name, err)
-			}
-			reverted = &m
-			return nil
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox: migrating down: %w", err)
-	}
-	return reverted, nil
+	return migrateDown(ctx, s.migrator())
 }
 
 // MigrationStatus returns every embedded migration with its state in the
 // database. It writes nothing.
 func (s *SQLiteStore) MigrationStatus(ctx context.Context) ([]Migration, error) {
-	applied, err := readSQLiteApplied(ctx, s.db)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: reading migration status: %w", err)
-	}
-	return withStatus(sqliteMigrations, applied), nil
-}
-
-type sqliteQuerier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// readSQLiteApplied reads the migrations table; none when it is missing.
-func readSQLiteApplied(ctx context.Context, q sqliteQuerier) (map[int]time.Time, error) {
-	applied := make(map[int]time.Time)
-	var n int
-	err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_outbox_migrations'").Scan(&n)
-	if err != nil || n == 0 {
-		return applied, err
-	}
-	rows, err := q.QueryContext(ctx, "SELECT version, applied_at FROM idem_outbox_migrations")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var v int
-		var at int64
-		if err := rows.Scan(&v, &at); err != nil {
-			return nil, err
-		}
-		applied[v] = time.UnixMicro(at).UTC()
-	}
-	return applied, rows.Err()
-}
-
-// migrateTx runs f on one connection inside BEGIN IMMEDIATE, with the
-// migrations table in place, and commits when f succeeds.
-func (s *SQLiteStore) migrateTx(ctx context.Context, f func(conn *sql.Conn, applied map[int]time.Time) error) (err error) {
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return fmt.Errorf("taking the write lock: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			// A detached context: the rollback must run even when ctx ended.
-			conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-			return
-		}
-		if _, err = conn.ExecContext(ctx, "COMMIT"); err != nil {
-			conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-	}()
-	_, err = conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS idem_outbox_migrations (
-    version    INTEGER NOT NULL CONSTRAINT idem_outbox_migrations_pkey PRIMARY KEY,
-    name       TEXT    NOT NULL,
-    applied_at INTEGER NOT NULL
-) STRICT`)
-	if err != nil {
-		return fmt.Errorf("creating the migrations table: %w", err)
-	}
-	applied, err := readSQLiteApplied(ctx, conn)
-	if err != nil {
-		return err
-	}
-	return f(conn, applied)
+	return migrationStatus(ctx, s.migrator())
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-dev/idem/internal/migrate"
 )
 
 func TestEnqueue(t *testing.T) {
@@ -351,7 +353,7 @@ func TestMigrations(t *testing.T) {
 
 func TestLoadMigrations(t *testing.T) {
 	t.Parallel()
-	for _, ms := range [][]Migration{postgresMigrations, sqliteMigrations} {
+	for _, ms := range [][]migrate.Migration{postgresMigrations, sqliteMigrations} {
 		if len(ms) == 0 || ms[0].Version != 1 {
 			t.Fatalf("migrations %v", ms)
 		}
