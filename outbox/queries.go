@@ -4,6 +4,8 @@ import (
 	"embed"
 	"fmt"
 	"strings"
+
+	"github.com/idem-dev/idem/internal/sqlfile"
 )
 
 //go:embed queries/postgres.sql
@@ -20,36 +22,19 @@ type queries struct {
 	enqueue, claim, finish, unclaim, get, list, redrive, prune, counts string
 }
 
-// parseQueries splits a queries file at its "-- name: X" lines and fills in
-// the {{columns}} placeholder.
+// parseQueries reads the statements of a queries file and fills in the
+// {{columns}} placeholder.
 func parseQueries(src, columns string) (*queries, error) {
-	m := make(map[string]string)
-	var name string
-	var b strings.Builder
-	flush := func() {
-		if name != "" {
-			m[name] = strings.ReplaceAll(strings.TrimSpace(b.String()), "{{columns}}", columns)
-		}
-		b.Reset()
+	m, err := sqlfile.Parse(src)
+	if err != nil {
+		return nil, err
 	}
-	for line := range strings.Lines(src) {
-		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
-			flush()
-			name = strings.TrimSpace(n)
-			continue
-		}
-		if name != "" {
-			b.WriteString(line)
-		}
-	}
-	flush()
-	var err error
 	q := func(name string) string {
 		sql, ok := m[name]
 		if !ok && err == nil {
 			err = fmt.Errorf("no statement %q", name)
 		}
-		return sql
+		return strings.ReplaceAll(sql, "{{columns}}", columns)
 	}
 	out := &queries{
 		enqueue: q("enqueue"),
