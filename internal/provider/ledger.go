@@ -16,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/sqlfile"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
 
@@ -54,33 +55,16 @@ type ledgerQueries struct {
 	create, insert, getByKey, getByID, list string
 }
 
+// parseQueries reads the ledger's statements from src and fills in the
+// {{schema}} placeholder with the quoted schema name.
 func parseQueries(src, schema string) ledgerQueries {
-	m := make(map[string]string)
-	var name string
-	var b strings.Builder
-	flush := func() {
-		if name != "" {
-			m[name] = strings.ReplaceAll(strings.TrimSpace(b.String()), "{{schema}}", schema)
-		}
-		b.Reset()
-	}
-	for line := range strings.Lines(src) {
-		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
-			flush()
-			name = strings.TrimSpace(n)
-			continue
-		}
-		if name != "" {
-			b.WriteString(line)
-		}
-	}
-	flush()
+	m := sqlfile.MustParse("provider: the ledger queries", src)
 	q := func(name string) string {
 		s, ok := m[name]
 		if !ok {
 			panic(fmt.Sprintf("provider: the ledger queries have no statement %q", name))
 		}
-		return s
+		return strings.ReplaceAll(s, "{{schema}}", schema)
 	}
 	return ledgerQueries{
 		create:   q("create"),
