@@ -46,6 +46,7 @@ type paymentsOptions struct {
 	reconcileInterval time.Duration
 	maxAttempts       int
 	deliverTimeout    time.Duration
+	settleAfter       time.Duration
 	demo              bool
 	crashAt           paysvc.CrashPoint
 	ops               opsOptions
@@ -64,6 +65,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 		reconcileInterval: paysvc.DefaultReconcileInterval,
 		maxAttempts:       paysvc.DefaultMaxAttempts,
 		deliverTimeout:    paysvc.DefaultDeliverTimeout,
+		settleAfter:       paysvc.DefaultSettleAfter,
 		demo:              true,
 	}
 	fs := newFlagSet("payments", "idem payments [flags]",
@@ -83,6 +85,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.reconcileInterval}, "reconcile-interval", "`DURATION` between reconciliation passes")
 	fs.Var(positiveIntValue{&o.maxAttempts}, "max-attempts", "`N` charge attempts before a payment's outbox row is dead-lettered")
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
+	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant, send one payment twice at start to show the replay")
 	o.ops.register(fs)
 	err := fs.parse(args, e)
@@ -207,6 +210,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		ReconcileInterval: o.reconcileInterval,
 		MaxAttempts:       o.maxAttempts,
 		DeliverTimeout:    o.deliverTimeout,
+		SettleAfter:       o.settleAfter,
 		Metrics:           metrics,
 		Logger:            e.logger,
 	}

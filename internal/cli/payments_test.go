@@ -41,7 +41,7 @@ func TestParsePayments(t *testing.T) {
 			"--tokens", "acme=" + payToken + ", globex=" + payOtherToken,
 			"--provider-fail-rate", "0.25", "--provider-timeout-rate", "1", "--provider-latency", "150ms",
 			"--provider-url", "http://bank:8081", "--relay-workers", "4", "--relay-interval", "2s",
-			"--reconcile-interval", "1m", "--max-attempts", "5", "--deliver-timeout", "3s", "--demo=false",
+			"--reconcile-interval", "1m", "--max-attempts", "5", "--deliver-timeout", "3s", "--settle-after", "90s", "--demo=false",
 		}, newTestEnv(nil).env)
 		if err != nil {
 			t.Fatal(err)
@@ -51,7 +51,7 @@ func TestParsePayments(t *testing.T) {
 			o.tokens["acme"] != payToken || o.tokens["globex"] != payOtherToken || len(o.tokens) != 2 ||
 			o.faults != want || o.providerURL.String() != "http://bank:8081" || o.relayWorkers != 4 ||
 			o.relayInterval != 2*time.Second || o.reconcileInterval != time.Minute || o.maxAttempts != 5 ||
-			o.deliverTimeout != 3*time.Second || o.demo {
+			o.deliverTimeout != 3*time.Second || o.settleAfter != 90*time.Second || o.demo {
 			t.Errorf("parsed %+v", o)
 		}
 	})
