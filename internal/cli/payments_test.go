@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -322,5 +323,34 @@ func TestParseProvider(t *testing.T) {
 		if _, err := parseProvider(args, newTestEnv(nil).env); !errors.As(err, &uerr) {
 			t.Errorf("%v: err = %v, want a usage error", args, err)
 		}
+	}
+}
+
+// --ops-listen serves the middleware's decisions and the outbox depth of
+// the service.
+func TestPaymentsOps(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--ops-listen", "127.0.0.1:0")...)
+	m := regexp.MustCompile(`ops_addr=(\S+)`).FindStringSubmatch(e.stderr.String())
+	if m == nil {
+		t.Fatalf("no ops address logged: %s", e.stderr)
+	}
+	if resp, body := postPayment(t, base, payToken, "ops-1"); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST: %d %s", resp.StatusCode, body)
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`idem_decisions_total{decision="created",endpoint="POST /v1/payments"`, "idem_outbox"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit %d; stderr %s", code, e.stderr)
 	}
 }
