@@ -45,6 +45,7 @@ var commands = []command{
 	{"migrate", "apply, revert or list the schema migrations of a SQL store", runMigrate},
 	{"keys", "list, show, resolve and purge the records of a store", runKeys},
 	{"maintain", "sweep expired leases and reap expired records of a store", runMaintain},
+	{"load", "send requests with Idempotency-Keys to a URL and report throughput and latency", runLoad},
 	{"payments", "run the reference payments service with its simulated provider", runPayments},
 	{"provider", "run the simulated payment provider alone, with a durable ledger", runProvider},
 }
