@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -242,8 +241,8 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 
 func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	defer cancel()
+	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
+	defer a.ops.disarm()
 	ctx, end := m.span(ctx, "idem.reserve")
 	start := time.Now()
 	defer func() {
@@ -434,11 +433,13 @@ func (m *middleware) complete(r *http.Request, a *attempt, rw *recorder) {
 }
 
 func (m *middleware) completeParams(a *attempt, rw *recorder) *idemstore.CompleteParams {
-	p := &idemstore.CompleteParams{Identity: a.id, Token: a.token}
+	p := &a.complete
+	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
 	if rw.streamed || rw.hijacked {
 		p.NotReplayable = true
 	} else {
-		p.Response = &idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		a.response = idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		p.Response = &a.response
 		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(rw.buf))
 	}
 	return p
@@ -535,8 +536,8 @@ func (m *middleware) releases(status int) bool {
 // finishStore runs a fenced write after the handler on a context detached
 // from the client's: a client that hangs up does not stop it.
 func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
-	defer cancel()
+	ctx := a.ops.arm(r.Context(), m.cfg.StoreTimeout)
+	defer a.ops.disarm()
 	ctx, end := m.span(ctx, "idem.complete")
 	start := time.Now()
 	err := f(ctx)
@@ -555,7 +556,7 @@ func (m *middleware) storedHeader(h http.Header) http.Header {
 	out := make(http.Header, len(m.stored))
 	for name, vs := range h {
 		if m.stored[name] {
-			out[name] = slices.Clone(vs)
+			out[name] = vs // stores copy or serialise what they keep
 		}
 	}
 	return out
@@ -680,7 +681,10 @@ type attempt struct {
 	// Embedded so that one allocation serves the whole request.
 	body       []byte
 	bodyReader bodyReader
+	ops        opCtx // the context of the store calls
 	params     idemstore.ReserveParams
+	complete   idemstore.CompleteParams
+	response   idemstore.Response
 	rec        recorder
 	renewer    renewer
 

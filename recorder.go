@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -60,6 +61,24 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	r.buf = append(r.buf, p...)
 	return len(p), nil
+}
+
+// WriteString writes s without converting it to a byte slice first.
+func (r *recorder) WriteString(s string) (int, error) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.streamed {
+		return io.WriteString(r.w, s)
+	}
+	if int64(len(r.buf)+len(s)) > r.max {
+		if err := r.stream(); err != nil {
+			return 0, err
+		}
+		return io.WriteString(r.w, s)
+	}
+	r.buf = append(r.buf, s...)
+	return len(s), nil
 }
 
 // stream sends what is buffered and switches to pass-through.

@@ -1,0 +1,157 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// opCtx is the context of one request's store calls (reserve, then the
+// completion). It carries the request's values but not its cancellation, so
+// a client that hangs up does not stop the outcome from being recorded, and
+// it expires StoreTimeout after each arm.
+//
+// It costs the hot path nothing it does not use: embedded in the attempt, it
+// is one allocation with the request, and its channel and timer are made
+// only when a store waits on Done (a network store does; the memory store
+// only asks Err, which compares the clock with the deadline). It implements
+// AfterFunc, so contexts a store derives from it are cancelled without a
+// watcher goroutine each (see context.AfterFunc).
+type opCtx struct {
+	context.Context // values only: Deadline, Done and Err are opCtx's own
+
+	mu       sync.Mutex
+	deadline time.Time
+	armed    bool // between arm and disarm
+	ticking  bool // the timer runs for this arm
+	done     chan struct{}
+	err      error
+	timer    *time.Timer
+	funcs    map[*afterFunc]struct{}
+}
+
+type afterFunc struct{ f func() }
+
+// arm starts a call: the context expires d from now. A context that expired
+// during an earlier call starts afresh.
+func (c *opCtx) arm(values context.Context, d time.Duration) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.Context = values
+	if c.err != nil {
+		c.done, c.err, c.funcs = nil, nil, nil
+	}
+	c.deadline = time.Now().Add(d)
+	c.armed, c.ticking = true, false
+	return c
+}
+
+// disarm ends a call: the context does not expire until the next arm.
+func (c *opCtx) disarm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = false
+	if c.ticking {
+		c.timer.Stop()
+		c.ticking = false
+	}
+}
+
+// tick starts the timer for this arm. c.mu is held.
+func (c *opCtx) tick() {
+	if !c.armed || c.ticking || c.err != nil {
+		return
+	}
+	c.ticking = true
+	if c.timer == nil {
+		c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
+	} else {
+		c.timer.Reset(time.Until(c.deadline))
+	}
+}
+
+func (c *opCtx) expire() {
+	c.mu.Lock()
+	if !c.armed || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	funcs := c.expireLocked()
+	c.mu.Unlock()
+	for af := range funcs {
+		go af.f()
+	}
+}
+
+// expireLocked records the expiry and returns the AfterFunc callbacks to
+// run. c.mu is held.
+func (c *opCtx) expireLocked() map[*afterFunc]struct{} {
+	c.err = context.DeadlineExceeded
+	if c.done != nil {
+		close(c.done)
+	}
+	funcs := c.funcs
+	c.funcs = nil
+	return funcs
+}
+
+// Deadline implements context.Context.
+func (c *opCtx) Deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadline, true
+}
+
+// Done implements context.Context.
+func (c *opCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.err != nil {
+			close(c.done)
+		}
+	}
+	c.tick()
+	return c.done
+}
+
+// Err implements context.Context.
+func (c *opCtx) Err() error {
+	c.mu.Lock()
+	if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
+		funcs := c.expireLocked()
+		c.mu.Unlock()
+		for af := range funcs {
+			go af.f()
+		}
+		return context.DeadlineExceeded
+	}
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// AfterFunc arranges for f to run in its own goroutine once the context
+// expires, as context.AfterFunc does; the context package uses it to cancel
+// derived contexts without a goroutine each.
+func (c *opCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	af := &afterFunc{f}
+	if c.funcs == nil {
+		c.funcs = make(map[*afterFunc]struct{})
+	}
+	c.funcs[af] = struct{}{}
+	c.tick()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.funcs[af]
+		delete(c.funcs, af)
+		return ok
+	}
+}
