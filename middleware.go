@@ -736,7 +736,6 @@ func (*bodyReader) Close() error { return nil }
 // keyHash names the record in logs without revealing the key.
 func (a *attempt) keyHash() string { return a.id.LogHash() }
 
-
 type attemptKey struct{}
 
 func attemptFrom(ctx context.Context) *attempt {
