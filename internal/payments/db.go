@@ -6,11 +6,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
-	"path"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/migrate"
 	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -88,7 +85,7 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*data
 	ob := outbox.NewSQLite(store.DB(), &outbox.Config{Now: now})
 	r := &sqliteRepo{db: store.DB(), q: mustParseQueries(sqliteSQL, "")}
 	d := &database{kind: storeurl.KindSQLite, store: store, outbox: ob, repo: r, close: store.Close}
-	if err := d.migrate(ctx, ob.Migrate, r.migrate); err != nil {
+	if err := d.migrate(ctx, ob.Migrate, r.migrator(now)); err != nil {
 		store.Close()
 		return nil, fmt.Errorf("store %q: %w", rawURL, err)
 	}
@@ -120,7 +117,7 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
 	ob := outbox.NewPgx(pool, &outbox.Config{Schema: schema, Now: now})
 	quoted := pgx.Identifier{schema}.Sanitize() + "."
-	r := &pgxRepo{pool: pool, schema: quoted, q: mustParseQueries(postgresSQL, quoted)}
+	r := &pgxRepo{pool: pool, schemaName: schema, schema: quoted, q: mustParseQueries(postgresSQL, quoted)}
 	closeAll := func() error { store.Close(); pool.Close(); return nil }
 	d := &database{kind: storeurl.KindPostgres, store: store, outbox: ob, repo: r, close: closeAll}
 	migrateIdem := func(ctx context.Context) error { _, err := store.Migrate(ctx); return err }
@@ -128,7 +125,7 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 		closeAll()
 		return nil, fmt.Errorf("store %s: %w", redacted, err)
 	}
-	if err := d.migrate(ctx, ob.Migrate, r.migrate); err != nil {
+	if err := d.migrate(ctx, ob.Migrate, r.migrator(now)); err != nil {
 		closeAll()
 		return nil, fmt.Errorf("store %s: %w", redacted, err)
 	}
@@ -136,59 +133,26 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 }
 
 // migrate applies the outbox's migrations, then the payments table's.
-func (d *database) migrate(ctx context.Context, migrateOutbox func(context.Context) ([]outbox.Migration, error), migratePayments func(context.Context) error) error {
+func (d *database) migrate(ctx context.Context, migrateOutbox func(context.Context) ([]outbox.Migration, error), payments *migrate.Runner) error {
 	if _, err := migrateOutbox(ctx); err != nil {
 		return fmt.Errorf("migrating the outbox: %w", err)
 	}
-	if err := migratePayments(ctx); err != nil {
+	if _, err := payments.Up(ctx); err != nil {
 		return fmt.Errorf("migrating the payments table: %w", err)
 	}
 	return nil
 }
 
-// migration is one embedded migration of the payments table.
-type migration struct {
-	version int
-	name    string
-	up      string
-}
+// migrationsTable records the payments table's migrations, apart from the
+// idem store's and the outbox's, which share the database. Its layout is
+// internal/migrate's, so the databases of releases that migrated the
+// payments table themselves keep their history.
+const migrationsTable = "payments_migrations"
 
-// loadMigrations reads the NNN_name.up.sql files of dir in version order;
-// the .down.sql files are documentation for operators.
-func loadMigrations(dir string) []migration {
-	entries, err := fs.ReadDir(migrationsFS, dir)
-	if err != nil {
-		panic("payments: " + err.Error())
-	}
-	var out []migration
-	for _, e := range entries {
-		base, ok := strings.CutSuffix(e.Name(), ".up.sql")
-		if !ok {
-			continue
-		}
-		num, name, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			panic("payments: migration " + e.Name() + ": want NNN_name.up.sql")
-		}
-		b, err := fs.ReadFile(migrationsFS, path.Join(dir, e.Name()))
-		if err != nil {
-			panic("payments: " + err.Error())
-		}
-		out = append(out, migration{version: v, name: name, up: string(b)})
-	}
-	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
-	for i, m := range out {
-		if m.version != i+1 {
-			panic(fmt.Sprintf("payments: migration versions are not 1..n: %03d is number %d", m.version, i+1))
-		}
-	}
-	return out
-}
-
+// The embedded migrations of each dialect, in version order.
 var (
-	sqliteMigrations   = loadMigrations("migrations/sqlite")
-	postgresMigrations = loadMigrations("migrations/postgres")
+	sqliteMigrations   = migrate.MustLoad(migrationsFS, "migrations/sqlite")
+	postgresMigrations = migrate.MustLoad(migrationsFS, "migrations/postgres")
 )
 
 // queries are one dialect's statements.
@@ -255,6 +219,9 @@ type unsettledPayment struct {
 
 // repo is the payments table in one SQL dialect.
 type repo interface {
+	// migrator returns the runner of the payments table's migrations,
+	// which dates them by now.
+	migrator(now func() time.Time) *migrate.Runner
 	// insertTx inserts p (pending) inside the request's transaction.
 	insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error
 	// byKeyTx returns the tenant's payment made with the idempotency key,
@@ -297,47 +264,12 @@ func sqlTx(tx idemstore.Tx) (*sql.Tx, error) {
 	return stx, nil
 }
 
-func (r *sqliteRepo) migrate(ctx context.Context) error {
-	conn, err := r.db.Conn(ctx)
-	if err != nil {
-		return err
+func (r *sqliteRepo) migrator(now func() time.Time) *migrate.Runner {
+	return &migrate.Runner{
+		Migrations: sqliteMigrations,
+		Dialect:    &migrate.SQLite{DB: r.db, Table: migrationsTable},
+		Now:        now,
 	}
-	defer conn.Close()
-	// BEGIN IMMEDIATE: two processes migrating a new file take turns.
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-	}()
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS payments_migrations (
-		version    INTEGER NOT NULL CONSTRAINT payments_migrations_pkey PRIMARY KEY,
-		name       TEXT    NOT NULL,
-		applied_at INTEGER NOT NULL
-	) STRICT`); err != nil {
-		return err
-	}
-	var applied int
-	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM payments_migrations").Scan(&applied); err != nil {
-		return err
-	}
-	for _, m := range sqliteMigrations[min(applied, len(sqliteMigrations)):] {
-		if _, err := conn.ExecContext(ctx, m.up); err != nil {
-			return fmt.Errorf("migration %03d_%s: %w", m.version, m.name, err)
-		}
-		if _, err := conn.ExecContext(ctx, "INSERT INTO payments_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-			m.version, m.name, time.Now().UnixMicro()); err != nil {
-			return err
-		}
-	}
-	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
-		return err
-	}
-	committed = true
-	return nil
 }
 
 func (r *sqliteRepo) insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error {
@@ -476,9 +408,10 @@ func (s *sqliteScan) payment() *Payment {
 
 // pgxRepo is the payments table on PostgreSQL.
 type pgxRepo struct {
-	pool   *pgxpool.Pool
-	schema string // quoted schema and a dot
-	q      queries
+	pool       *pgxpool.Pool
+	schemaName string // unquoted
+	schema     string // quoted schema and a dot
+	q          queries
 }
 
 func pgxTx(tx idemstore.Tx) (pgx.Tx, error) {
@@ -489,40 +422,18 @@ func pgxTx(tx idemstore.Tx) (pgx.Tx, error) {
 	return ptx, nil
 }
 
-// migrationLock serialises the payments migrations of concurrent starts.
-const migrationLock = 0x69_64_65_6d_70_61_79 // "idempay"
-
-func (r *pgxRepo) migrate(ctx context.Context) error {
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		return err
+func (r *pgxRepo) migrator(now func() time.Time) *migrate.Runner {
+	return &migrate.Runner{
+		Migrations: postgresMigrations,
+		Dialect: &migrate.Postgres{
+			DB:       r.pool,
+			Schema:   r.schemaName,
+			Table:    migrationsTable,
+			LockName: "payments.migrate",
+		},
+		Now:    now,
+		Expand: func(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", r.schema) },
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+r.schema+`payments_migrations (
-		version    integer     NOT NULL,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL,
-		CONSTRAINT payments_migrations_pkey PRIMARY KEY (version)
-	)`); err != nil {
-		return err
-	}
-	var applied int
-	if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(version), 0) FROM "+r.schema+"payments_migrations").Scan(&applied); err != nil {
-		return err
-	}
-	for _, m := range postgresMigrations[min(applied, len(postgresMigrations)):] {
-		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.up, "{{schema}}", r.schema)); err != nil {
-			return fmt.Errorf("migration %03d_%s: %w", m.version, m.name, err)
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO "+r.schema+"payments_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-			m.version, m.name, time.Now()); err != nil {
-			return err
-		}
-	}
-	return tx.Commit(ctx)
 }
 
 func (r *pgxRepo) insertTx(ctx context.Context, tx idemstore.Tx, p *Payment, key string) error {
