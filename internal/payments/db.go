@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/sqlfile"
 	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -26,6 +27,12 @@ var sqliteSQL string
 
 //go:embed queries/postgres.sql
 var postgresSQL string
+
+// The statements of each dialect, by name.
+var (
+	sqliteStatements   = sqlfile.MustParse("internal/payments/queries/sqlite.sql", sqliteSQL)
+	postgresStatements = sqlfile.MustParse("internal/payments/queries/postgres.sql", postgresSQL)
+)
 
 //go:embed migrations
 var migrationsFS embed.FS
@@ -83,7 +90,7 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*data
 		return nil, err
 	}
 	ob := outbox.NewSQLite(store.DB(), &outbox.Config{Now: now})
-	r := &sqliteRepo{db: store.DB(), q: mustParseQueries(sqliteSQL, "")}
+	r := &sqliteRepo{db: store.DB(), q: newQueries(sqliteStatements, "")}
 	d := &database{kind: storeurl.KindSQLite, store: store, outbox: ob, repo: r, close: store.Close}
 	if err := d.migrate(ctx, ob.Migrate, r.migrator(now)); err != nil {
 		store.Close()
@@ -117,7 +124,7 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
 	ob := outbox.NewPgx(pool, &outbox.Config{Schema: schema, Now: now})
 	quoted := pgx.Identifier{schema}.Sanitize() + "."
-	r := &pgxRepo{pool: pool, schemaName: schema, schema: quoted, q: mustParseQueries(postgresSQL, quoted)}
+	r := &pgxRepo{pool: pool, schemaName: schema, schema: quoted, q: newQueries(postgresStatements, quoted)}
 	closeAll := func() error { store.Close(); pool.Close(); return nil }
 	d := &database{kind: storeurl.KindPostgres, store: store, outbox: ob, repo: r, close: closeAll}
 	migrateIdem := func(ctx context.Context) error { _, err := store.Migrate(ctx); return err }
@@ -162,35 +169,15 @@ type queries struct {
 	unsettled                                            string
 }
 
-// mustParseQueries splits a queries file at its "-- name: X" lines and puts
+// newQueries picks the service's statements out of one dialect's and puts
 // schema (a quoted identifier and a dot, or "") in place of {{schema}}.
-func mustParseQueries(src, schema string) queries {
-	m := make(map[string]string)
-	var name string
-	var b strings.Builder
-	flush := func() {
-		if name != "" {
-			m[name] = strings.ReplaceAll(strings.TrimSpace(b.String()), "{{schema}}", schema)
-		}
-		b.Reset()
-	}
-	for line := range strings.Lines(src) {
-		if n, ok := strings.CutPrefix(line, "-- name: "); ok {
-			flush()
-			name = strings.TrimSpace(n)
-			continue
-		}
-		if name != "" {
-			b.WriteString(line)
-		}
-	}
-	flush()
+func newQueries(statements map[string]string, schema string) queries {
 	q := func(name string) string {
-		s, ok := m[name]
+		s, ok := statements[name]
 		if !ok {
 			panic("payments: no statement " + name)
 		}
-		return s
+		return strings.ReplaceAll(s, "{{schema}}", schema)
 	}
 	return queries{
 		insert:        q("insert"),
