@@ -34,7 +34,9 @@ import (
 // allows: a new key is two statements (reserve, complete), a replay one.
 //
 // Both sides run GOMAXPROCS×pgBenchParallelism goroutines on a pool of
-// pgBenchConns connections, each in a fresh schema.
+// pgBenchConns connections, each in a fresh schema. Each Raw benchmark has
+// two variants (see rawVariants): the statements alone, and with the
+// benchmark's HTTP scaffolding and the bare handler added.
 //
 //	go test -run '^$' -bench 'PG(NewKey|Replay)$' -count 6 .
 
@@ -225,9 +227,32 @@ func rawReserve(ctx context.Context, pool *pgxpool.Pool, st recordedStmt, key, t
 	return &row, err
 }
 
+// rawVariants are the two forms of the Raw benchmarks: the statements
+// alone (the comparison SPEC's ratio is about), and the statements plus the
+// work every request does with or without idem in these benchmarks:
+// building the httptest request and recorder and running the bare handler.
+// The second shows how much of the gap is the benchmark's own HTTP
+// scaffolding rather than the middleware.
+var rawVariants = []struct {
+	name    string
+	handler bool
+}{{"statements", false}, {"with_handler", true}}
+
+// bareRequest runs the bare handler on a new request with key, as the
+// middleware benchmarks do around the middleware.
+func bareRequest(key string) {
+	benchHandler.ServeHTTP(httptest.NewRecorder(), benchRequest(key))
+}
+
 // BenchmarkRawPGNewKey is BenchmarkMiddlewarePGNewKey's two statements in
 // a bare pgx loop.
 func BenchmarkRawPGNewKey(b *testing.B) {
+	for _, v := range rawVariants {
+		b.Run(v.name, func(b *testing.B) { rawPGNewKey(b, v.handler) })
+	}
+}
+
+func rawPGNewKey(b *testing.B, handler bool) {
 	p := newPGBench(b)
 	reserve, complete := p.learn(b)
 	ctx := context.Background()
@@ -241,6 +266,9 @@ func BenchmarkRawPGNewKey(b *testing.B) {
 			row, err := rawReserve(ctx, p.pool, reserve, key, key)
 			if err != nil || !row.reserved {
 				b.Fatalf("reserve: %v (reserved %v)", err, row.reserved)
+			}
+			if handler {
+				bareRequest(key)
 			}
 			args := append([]any(nil), complete.args...)
 			args[completeArgKey], args[completeArgToken] = key, key
@@ -256,6 +284,12 @@ func BenchmarkRawPGNewKey(b *testing.B) {
 // BenchmarkRawPGReplay is BenchmarkMiddlewarePGReplay's statement in a bare
 // pgx loop.
 func BenchmarkRawPGReplay(b *testing.B) {
+	for _, v := range rawVariants {
+		b.Run(v.name, func(b *testing.B) { rawPGReplay(b, v.handler) })
+	}
+}
+
+func rawPGReplay(b *testing.B, handler bool) {
 	p := newPGBench(b)
 	reserve, _ := p.learn(b)
 	ctx := context.Background()
@@ -267,6 +301,9 @@ func BenchmarkRawPGReplay(b *testing.B) {
 			row, err := rawReserve(ctx, p.pool, reserve, "probe", "retry")
 			if err != nil || row.reserved || row.state != "completed" {
 				b.Fatalf("replay: %v (reserved %v, state %s)", err, row.reserved, row.state)
+			}
+			if handler {
+				bareRequest("probe")
 			}
 		}
 	})

@@ -31,6 +31,8 @@ import (
 // changed. A new key is two scripts (reserve, complete), a replay one.
 //
 // Both sides run GOMAXPROCS×redisBenchParallelism goroutines on one client.
+// The Raw benchmarks have the two variants of the PostgreSQL ones
+// (rawVariants).
 //
 //	go test -run '^$' -bench 'Redis(NewKey|Replay)$' -count 6 .
 
@@ -250,6 +252,12 @@ func (t reserveTimes) set(args []any, now int64) {
 // in a bare go-redis loop. Each key gets a member of its own in one of the
 // store's 1024 buckets, the names made from the recorded ones.
 func BenchmarkRawRedisNewKey(b *testing.B) {
+	for _, v := range rawVariants {
+		b.Run(v.name, func(b *testing.B) { rawRedisNewKey(b, v.handler) })
+	}
+}
+
+func rawRedisNewKey(b *testing.B, handler bool) {
 	p := newRedisBench(b)
 	reserve, complete := p.learn(b)
 	times := reserveTimesOf(b, reserve)
@@ -286,6 +294,9 @@ func BenchmarkRawRedisNewKey(b *testing.B) {
 			if err != nil || len(vals) == 0 || vals[0] != int64(1) {
 				b.Fatalf("reserve: %v (%v)", err, vals)
 			}
+			if handler {
+				bareRequest(key)
+			}
 			cargs[redisCompleteNow] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 			cargs[redisCompleteToken], cargs[redisCompleteMember] = key, m
 			cargs[redisCompleteChannel] = rename(fmt.Sprint(complete.args[redisCompleteChannel]), t, m)
@@ -299,6 +310,12 @@ func BenchmarkRawRedisNewKey(b *testing.B) {
 // BenchmarkRawRedisReplay is BenchmarkMiddlewareRedisReplay's script in a
 // bare go-redis loop.
 func BenchmarkRawRedisReplay(b *testing.B) {
+	for _, v := range rawVariants {
+		b.Run(v.name, func(b *testing.B) { rawRedisReplay(b, v.handler) })
+	}
+}
+
+func rawRedisReplay(b *testing.B, handler bool) {
 	p := newRedisBench(b)
 	reserve, _ := p.learn(b)
 	times := reserveTimesOf(b, reserve)
@@ -314,6 +331,9 @@ func BenchmarkRawRedisReplay(b *testing.B) {
 			vals, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(0) {
 				b.Fatalf("replay: %v (%v)", err, vals)
+			}
+			if handler {
+				bareRequest("probe")
 			}
 		}
 	})
