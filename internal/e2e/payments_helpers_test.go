@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -138,11 +137,11 @@ type bank struct {
 	*proc
 }
 
-// startBank starts `idem provider` on a free port with a SQLite ledger in
-// dir and the given fault flags.
-func startBank(t *testing.T, dir string, faults ...string) *bank {
+// startBank starts `idem provider` on a free port with its ledger in store
+// and the given fault flags.
+func startBank(t *testing.T, store string, faults ...string) *bank {
 	t.Helper()
-	b := &bank{t: t, addr: freeAddr(t), store: "sqlite:" + filepath.Join(dir, "provider.db")}
+	b := &bank{t: t, addr: freeAddr(t), store: store}
 	b.restart(faults...)
 	return b
 }
@@ -456,12 +455,14 @@ func mustUnmarshal(t *testing.T, b []byte, v any) {
 
 // awaitListSettled polls GET /v1/payments until every payment of the
 // tenant is succeeded or failed, and fails the test at the deadline with
-// the count still open. It returns the payments by id and how long the wait
-// took.
-func awaitListSettled(t *testing.T, base string, timeout time.Duration) (map[string]*payment, time.Duration) {
+// the count still open. It returns the payments by id, how long the wait
+// took and its course: the open payments about every two seconds.
+func awaitListSettled(t *testing.T, base string, timeout time.Duration) (map[string]*payment, time.Duration, string) {
 	t.Helper()
 	began := time.Now()
 	deadline := began.Add(timeout)
+	var course []string
+	var lastMark time.Time
 	for {
 		all := listPayments(t, base)
 		open := 0
@@ -472,6 +473,10 @@ func awaitListSettled(t *testing.T, base string, timeout time.Duration) (map[str
 				open++
 			}
 		}
+		if time.Since(lastMark) >= 2*time.Second || open == 0 {
+			lastMark = time.Now()
+			course = append(course, fmt.Sprintf("%v:%d", time.Since(began).Round(100*time.Millisecond), open))
+		}
 		if open == 0 {
 			m := make(map[string]*payment, len(all))
 			for _, p := range all {
@@ -480,10 +485,11 @@ func awaitListSettled(t *testing.T, base string, timeout time.Duration) (map[str
 				}
 				m[p.ID] = p
 			}
-			return m, time.Since(began)
+			return m, time.Since(began), strings.Join(course, " ")
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d payments not settled after %v: %v", open, len(all), timeout, byStatus)
+			t.Fatalf("%d of %d payments not settled after %v: %v; open over time: %s", open, len(all), timeout, byStatus,
+				strings.Join(course, " "))
 		}
 		time.Sleep(200 * time.Millisecond) // the workers run on real time
 	}

@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,7 +21,7 @@ import (
 // attempted again.
 const (
 	keyLease       = 30 * time.Second
-	deliverTimeout = 250 * time.Millisecond
+	deliverTimeout = time.Second
 	relayClaim     = 3*deliverTimeout + 5*time.Second
 )
 
@@ -77,7 +81,7 @@ func TestPaymentsCrashMatrix(t *testing.T) {
 			t.Parallel()
 			began := time.Now()
 			dir := t.TempDir()
-			b := startBank(t, dir, tc.bankFaults...)
+			b := startBank(t, "sqlite:"+filepath.Join(dir, "provider.db"), tc.bankFaults...)
 			s := newService(t, "sqlite:"+filepath.Join(dir, "payments.db"), b.URL, tc.args...)
 			s.restart(tc.point)
 			key := "order-" + tc.point
@@ -146,4 +150,186 @@ func TestPaymentsCrashMatrix(t *testing.T) {
 				p.attempts, time.Since(began).Round(time.Millisecond))
 		})
 	}
+}
+
+// TestPaymentsSoakSQLite soaks `idem payments` on SQLite: see soakPayments.
+func TestPaymentsSoakSQLite(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	soakPayments(t, "sqlite:"+filepath.Join(dir, "payments.db"), dir)
+}
+
+// TestPaymentsSoakPostgres soaks `idem payments` on PostgreSQL, in a fresh
+// schema: see soakPayments.
+func TestPaymentsSoakPostgres(t *testing.T) {
+	t.Parallel()
+	soakPayments(t, pgSchemaURL(t, 12), t.TempDir())
+}
+
+// soakClients is the number of concurrent clients of a soak, soakFor how
+// long they start new payments, and soakPause bounds the random pause of a
+// client between two payments.
+const (
+	soakClients = 50
+	soakFor     = 15 * time.Second
+	soakPause   = 1500 * time.Millisecond
+)
+
+// soakPayments runs soakClients concurrent clients for soakFor, each
+// creating payments one after another with keys of its own through the
+// retrying client, while the provider refuses charges (--fail-rate) or
+// charges and never answers (--timeout-rate) at random, and the service is
+// killed (SIGKILL) and restarted on the same store twice. A client retries
+// each payment with its key until it gets its 201. Then the provider is
+// restarted without faults and the relays and the reconciler drain. Every
+// payment a client got a 201 for exists and succeeded, the service has no
+// other payment, and the ledger holds exactly one charge per payment, made
+// with the payment's derived key, and no other charge.
+func soakPayments(t *testing.T, store, dir string) {
+	// The bank's ledger is SQLite in WAL mode with synchronous=NORMAL: a
+	// committed charge survives the death of the process (not a power
+	// cut), and the bank keeps up with the service's relays under -race.
+	b := startBank(t, "sqlite:"+filepath.Join(dir, "provider.db")+"?synchronous=NORMAL",
+		"--fail-rate", "0.2", "--timeout-rate", "0.05")
+	s := newService(t, store, b.URL, "--relay-workers", "8", "--max-attempts", "30", "--settle-after", "2s")
+	s.restart("")
+	began := time.Now()
+	c := newPayClient(keyLease + 30*time.Second)
+
+	type accepted struct {
+		key    string
+		amount int64
+		created
+	}
+	var (
+		results  [soakClients][]accepted
+		failures = make(chan error, soakClients)
+		stopNew  = make(chan struct{})
+		giveUpAt = time.Now().Add(soakFor + 2*keyLease)
+		wg       sync.WaitGroup
+	)
+	for i := range soakClients {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stopNew:
+					return
+				default:
+				}
+				// A pause between payments, so that the relays keep up
+				// under -race on two cores: the proof is about retries,
+				// faults and crashes, not throughput.
+				time.Sleep(rand.N(soakPause))
+				key := fmt.Sprintf("soak-%02d-%05d", i, n)
+				amount := int64(100 + 1000*i + n)
+				body := paymentBody(fmt.Sprintf("cus_%02d", i), amount)
+				for {
+					got, err := createPayment(t.Context(), c, s.base(), key, body)
+					if err == nil {
+						results[i] = append(results[i], accepted{key: key, amount: amount, created: got})
+						break
+					}
+					if time.Now().After(giveUpAt) || t.Context().Err() != nil {
+						failures <- fmt.Errorf("client %d, key %s: %w", i, key, err)
+						return
+					}
+				}
+			}
+		})
+	}
+
+	// Two crashes while the clients run.
+	for range 2 {
+		time.Sleep(soakFor / 3) // the clients run on real time
+		killed := time.Now()
+		killNow(t, s.proc)
+		s.restart("")
+		t.Logf("service killed at %v, listening again %v later", killed.Sub(began).Round(time.Millisecond),
+			time.Since(killed).Round(time.Millisecond))
+	}
+	time.Sleep(soakFor - 2*(soakFor/3))
+	close(stopNew)
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	clientsDone := time.Since(began)
+
+	// The faults stop: the provider restarts without them, on its ledger.
+	b.stop(t)
+	faults := strings.Count(b.output(), "fault: failing before charging")
+	timeouts := strings.Count(b.output(), "fault: processed, not answering")
+	b.restart()
+	settled, drain, course := awaitListSettled(t, s.base(), 60*time.Second)
+
+	var (
+		byKey                       = make(map[string]accepted)
+		byID                        = make(map[string]accepted)
+		attempts, replays, multiTry int
+	)
+	for i := range results {
+		for _, a := range results[i] {
+			if other, dup := byID[a.ID]; dup {
+				t.Fatalf("keys %s and %s got the same payment %s", other.key, a.key, a.ID)
+			}
+			if a.AmountCents != a.amount {
+				t.Fatalf("key %s: payment of %d cents, sent %d", a.key, a.AmountCents, a.amount)
+			}
+			byKey[a.key], byID[a.ID] = a, a
+			attempts += a.attempts
+			if a.replayed {
+				replays++
+			}
+			if a.attempts > 1 {
+				multiTry++
+			}
+		}
+	}
+	if len(byID) < soakClients {
+		t.Fatalf("%d payments accepted, want at least one per client", len(byID))
+	}
+	// No payment lost, none made behind the clients' backs.
+	for id, a := range byID {
+		if settled[id] == nil {
+			t.Fatalf("payment %s (key %s) was accepted and is not in the service", id, a.key)
+		}
+	}
+	if len(settled) != len(byID) {
+		t.Fatalf("the service has %d payments, the clients were given %d", len(settled), len(byID))
+	}
+
+	// One charge per payment, made with its derived key.
+	charges := ledger(t, b.URL)
+	chargeByKey := make(map[string]charge, len(charges))
+	for _, ch := range charges {
+		if _, dup := chargeByKey[ch.IdempotencyKey]; dup {
+			t.Fatalf("the ledger holds two charges with key %s", ch.IdempotencyKey)
+		}
+		chargeByKey[ch.IdempotencyKey] = ch
+	}
+	statuses := make(map[string]int)
+	for id, p := range settled {
+		statuses[p.Status]++
+		a := byID[id]
+		ch, charged := chargeByKey[providerKeyOf(a.key)]
+		switch {
+		case p.Status != "succeeded":
+			t.Errorf("payment %s (key %s) %s: %s; with the faults off every payment should succeed", id, a.key, p.Status, p.FailureReason)
+		case !charged:
+			t.Errorf("payment %s (key %s) succeeded without a charge in the ledger", id, a.key)
+		case ch.ID != p.ChargeID || ch.Reference != id || ch.AmountCents != a.amount:
+			t.Errorf("payment %s (key %s, %d cents, charge %s): the ledger has %+v", id, a.key, a.amount, p.ChargeID, ch)
+		}
+	}
+	if len(charges) != len(byID) {
+		t.Errorf("the ledger holds %d charges for %d payments", len(charges), len(byID))
+	}
+	t.Logf("%d clients, %d payments accepted (%d after retries, %d replays, %d attempts in all) in %v; "+
+		"%d charges (%d refusals, %d lost answers injected); %v; drained in %v (open: %s); %v in all",
+		soakClients, len(byID), multiTry, replays, attempts, clientsDone.Round(time.Millisecond),
+		len(charges), faults, timeouts, statuses, drain.Round(time.Millisecond), course, time.Since(began).Round(time.Millisecond))
 }
