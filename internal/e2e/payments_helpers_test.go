@@ -260,10 +260,10 @@ func postPayment(ctx context.Context, base, key, body string) answer {
 			Header: resp.Header, Body: io.NopCloser(bytes.NewReader(b))}), err: err}
 }
 
-// newPayClient returns the retrying client of the tests: keyed requests
-// are retried on connection errors (a killed service), 409 key-in-use (the
+// newPayClient returns the retrying client of a test: keyed requests are
+// retried on connection errors (a killed service), 409 key-in-use (the
 // lease of a killed attempt), 5xx and 429, for up to maxElapsed.
-func newPayClient(maxElapsed time.Duration) *idemclient.Client {
+func newPayClient(t *testing.T, maxElapsed time.Duration) *idemclient.Client {
 	c := idemclient.NewClient()
 	c.HTTPClient = &http.Client{
 		Timeout: 10 * time.Second,
@@ -279,6 +279,7 @@ func newPayClient(maxElapsed time.Duration) *idemclient.Client {
 	c.MaxElapsed = maxElapsed
 	c.BareKey = true
 	c.Logger = slog.New(slog.DiscardHandler)
+	t.Cleanup(c.HTTPClient.CloseIdleConnections)
 	return c
 }
 
