@@ -16,4 +16,9 @@ var (
 	// ErrInvalidMessage is returned by Enqueue for a message without a topic
 	// or key, with an over-long one, or with a payload that is not JSON.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrInFlight is wrapped by the error of HTTPOutcome when the downstream
+	// answered 409 key-in-use: an earlier attempt with the same key is still
+	// running there. It is worth a retry, but a caller that gives up must
+	// treat the operation as possibly done, never as refused.
+	ErrInFlight = errors.New("outbox: the downstream is still running an earlier attempt")
 )

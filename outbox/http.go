@@ -48,7 +48,7 @@ func HTTPOutcome(resp *http.Response, err error) (Outcome, error) {
 	}
 	switch {
 	case resp.StatusCode == http.StatusConflict && code == "key-in-use":
-		return OutcomeRetry, failure
+		return OutcomeRetry, fmt.Errorf("%w: %w", ErrInFlight, failure)
 	case resp.StatusCode == http.StatusRequestTimeout, resp.StatusCode == http.StatusTooEarly,
 		resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusServiceUnavailable:
 		return OutcomeRetry, failure

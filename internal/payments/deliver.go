@@ -99,6 +99,15 @@ func (s *Service) succeed(ctx context.Context, log *slog.Logger, p *Payment, ch 
 // unless an earlier attempt had an unknown outcome, which the reconciler
 // settles.
 func (s *Service) giveUp(ctx context.Context, log *slog.Logger, p *Payment, outcome outbox.Outcome, cause error) (outbox.Outcome, error) {
+	if errors.Is(cause, outbox.ErrInFlight) {
+		// The provider is still running an earlier attempt: the charge may
+		// yet commit, so the payment cannot fail; the reconciler settles it.
+		log.Warn("payments: giving up while the provider still runs an earlier attempt; the payment requires reconciliation", "error", cause)
+		if _, merr := s.db.repo.markUnknown(context.WithoutCancel(ctx), p.ID, s.now()); merr != nil {
+			log.Error("payments: marking the payment for reconciliation failed", "error", merr)
+		}
+		return outbox.OutcomeUnknown, cause
+	}
 	ch, found, err := s.provider.lookup(ctx, p.providerKey)
 	switch {
 	case err != nil:

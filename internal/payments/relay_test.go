@@ -1,7 +1,9 @@
 package payments
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -300,6 +302,31 @@ func TestRelaysDeliverConcurrentPaymentsOnce(t *testing.T) {
 		}
 		if c := b.count(t, "payments"); c != n {
 			t.Errorf("%d payments, want %d", c, n)
+		}
+	})
+}
+
+// TestKeyInUseAtTheLastAttemptIsNotAFailure: when the provider still runs an
+// earlier attempt (409 key-in-use) on the last allowed attempt, that charge
+// may yet commit, so the payment must go to reconciliation, never to failed.
+func TestKeyInUseAtTheLastAttemptIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			http.NotFound(w, r) // the lookup cannot see the charge in flight
+			return
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"type":"about:blank","title":"in progress","status":409,"code":"key-in-use"}`)
+	}))
+	defer busy.Close()
+	stores(t, func(t *testing.T, store string) {
+		b := setup(t, store, provider.Faults{}, func(c *Config) { c.ProviderURL = busy.URL; c.MaxAttempts = 1 })
+		p := b.mustCreate(t, "busy-1", 700)
+		b.relayOnce(t, 1)
+		if got := b.status(t, p.ID); got.Status != StatusRequiresReconciliation {
+			t.Fatalf("payment %s after a key-in-use on its last attempt, want requires_reconciliation", got.Status)
 		}
 	})
 }
