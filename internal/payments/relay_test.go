@@ -320,7 +320,7 @@ func TestKeyInUseAtTheLastAttemptIsNotAFailure(t *testing.T) {
 		w.WriteHeader(http.StatusConflict)
 		io.WriteString(w, `{"type":"about:blank","title":"in progress","status":409,"code":"key-in-use"}`)
 	}))
-	defer busy.Close()
+	t.Cleanup(busy.Close)
 	stores(t, func(t *testing.T, store string) {
 		b := setup(t, store, provider.Faults{}, func(c *Config) { c.ProviderURL = busy.URL; c.MaxAttempts = 1 })
 		p := b.mustCreate(t, "busy-1", 700)
