@@ -312,8 +312,10 @@ func TestRelaysDeliverConcurrentPaymentsOnce(t *testing.T) {
 func TestKeyInUseAtTheLastAttemptIsNotAFailure(t *testing.T) {
 	t.Parallel()
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			http.NotFound(w, r) // the lookup cannot see the charge in flight
+		if r.Method == http.MethodGet { // the lookup cannot see the charge in flight
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"type":"about:blank","title":"no charge","status":404,"code":"no-charge"}`)
 			return
 		}
 		w.Header().Set("Content-Type", "application/problem+json")
