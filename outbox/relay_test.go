@@ -551,3 +551,30 @@ func TestRelaysConcurrent(t *testing.T) {
 		t.Logf("deliveries per relay: %v", share)
 	})
 }
+
+// TestRelayHandsBackWhatCannotGetItsBudget: a delivery is not started when
+// the pass cannot give it its whole DeliverTimeout; it is handed back, not
+// cut short into an unknown outcome.
+func TestRelayHandsBackWhatCannotGetItsBudget(t *testing.T) {
+	t.Parallel()
+	b := setupSQLite(t)
+	deliver := func(ctx context.Context, m Message) (Outcome, error) {
+		select {
+		case <-time.After(150 * time.Millisecond): // a slow but good delivery
+			return OutcomeDelivered, nil
+		case <-ctx.Done():
+			return OutcomeUnknown, ctx.Err()
+		}
+	}
+	r := newRelay(t, b, RelayConfig{Deliver: deliver, PassTimeout: 400 * time.Millisecond, DeliverTimeout: 300 * time.Millisecond})
+	ids := b.mustEnqueueAll(t, messages(3)...)
+	runOnce(t, b, r, 1)
+	if m := b.get(t, ids[0]); m.State != StateDone {
+		t.Errorf("the first delivery: %+v, want done", m)
+	}
+	for _, id := range ids[1:] {
+		if m := b.get(t, id); m.State != StatePending || m.Attempts != 0 || !m.ClaimedUntil.IsZero() || m.LastError != "" {
+			t.Errorf("message %d: %+v, want handed back untouched", id, m)
+		}
+	}
+}
