@@ -46,6 +46,7 @@ type paymentsOptions struct {
 	reconcileInterval time.Duration
 	maxAttempts       int
 	deliverTimeout    time.Duration
+	lease             time.Duration
 	settleAfter       time.Duration
 	demo              bool
 	crashAt           paysvc.CrashPoint
@@ -65,6 +66,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 		reconcileInterval: paysvc.DefaultReconcileInterval,
 		maxAttempts:       paysvc.DefaultMaxAttempts,
 		deliverTimeout:    paysvc.DefaultDeliverTimeout,
+		lease:             30 * time.Second,
 		settleAfter:       paysvc.DefaultSettleAfter,
 		demo:              true,
 	}
@@ -84,6 +86,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.relayInterval}, "relay-interval", "`DURATION` between relay passes when idle (a new payment wakes them)")
 	fs.Var(durationValue{p: &o.reconcileInterval}, "reconcile-interval", "`DURATION` between reconciliation passes")
 	fs.Var(positiveIntValue{&o.maxAttempts}, "max-attempts", "`N` charge attempts before a payment's outbox row is dead-lettered")
+	fs.Var(durationValue{p: &o.lease}, "lease", "`DURATION` of a payment request's in-progress lock, renewed while it runs; after a crash a retry waits this long")
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant, send one payment twice at start to show the replay")
@@ -210,6 +213,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		ReconcileInterval: o.reconcileInterval,
 		MaxAttempts:       o.maxAttempts,
 		DeliverTimeout:    o.deliverTimeout,
+		KeyLease:          o.lease,
 		SettleAfter:       o.settleAfter,
 		Metrics:           metrics,
 		Logger:            e.logger,

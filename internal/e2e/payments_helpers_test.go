@@ -175,6 +175,7 @@ var paymentsArgs = []string{
 	"--relay-interval", "50ms",
 	"--reconcile-interval", "100ms",
 	"--deliver-timeout", deliverTimeout.String(),
+	"--lease", keyLease.String(),
 }
 
 // newService prepares an `idem payments` process on a free port; start it

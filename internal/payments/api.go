@@ -36,6 +36,7 @@ func (s *Service) routes() http.Handler {
 		RequireKey:    true,
 		Transactional: true,
 		TTL:           s.cfg.KeyTTL,
+		Lease:         s.cfg.KeyLease,
 		Scope: func(r *http.Request) (string, error) {
 			if t := tenantFrom(r.Context()); t != "" {
 				return t, nil

@@ -78,6 +78,10 @@ type Config struct {
 	// itself keeps (tenant, key) unique for as long as it exists. Defaults
 	// to 24 hours.
 	KeyTTL time.Duration
+	// KeyLease is the in-progress lock of a payment request's key, renewed
+	// while the request runs; after a crash the key waits this long before
+	// a retry may run again. Defaults to 30 seconds (the middleware's).
+	KeyLease time.Duration
 	// RelayWorkers is the number of outbox relays of the process; each
 	// delivers one payment at a time. Defaults to 1.
 	RelayWorkers int

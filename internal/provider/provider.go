@@ -72,8 +72,11 @@ func New(cfg *Config) (*Provider, error) {
 	protect := idem.New(store, &idem.Config{
 		RequireKey:    true,
 		Transactional: true,
-		Logger:        c.Logger,
-		Now:           c.Now,
+		// A charge takes milliseconds: a short lease lets a key whose
+		// attempt died (or whose release failed) be retried soon.
+		Lease:  5 * time.Second,
+		Logger: c.Logger,
+		Now:    c.Now,
 	})
 	p.mux.Handle("POST /charges", p.withFaults(protect(http.HandlerFunc(p.createCharge))))
 	p.mux.HandleFunc("GET /charges", p.listCharges)
