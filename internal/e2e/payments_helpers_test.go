@@ -106,16 +106,6 @@ func startServer(t *testing.T, name string, cmd *exec.Cmd) *proc {
 	return p
 }
 
-// exited reports whether the process has ended.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // stop sends SIGTERM and waits for a clean exit: a planned restart.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
