@@ -32,12 +32,38 @@ const scanCount = 1000
 // only the best Limit candidates in memory, then reads the page's records.
 // Every page costs a pass over all records under the prefix: an admin path,
 // not a request path.
+//
+// A candidate that changes between the filter pass and the read (another
+// process resolved it) is dropped; the page is then filled from a further
+// pass after the last candidate, so a short page always means the end of
+// the list, as the callers that paginate assume.
 func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
 	now := s.now()
+	var out []*idemstore.Record
+	q := *p
+	for {
+		q.Limit = limit - len(out)
+		page, last, candidates, err := s.listOnce(ctx, &q, now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(out) >= limit || candidates < q.Limit {
+			return out, nil
+		}
+		q.After = &last
+	}
+}
+
+// listOnce is one filter pass and read of KeyList. It returns the records
+// that still match, the identity of the last candidate and the number of
+// candidates, which is below p.Limit only when the list has no more.
+func (s *Store) listOnce(ctx context.Context, p *idemstore.ListParams, now time.Time) ([]*idemstore.Record, idemstore.Identity, int, error) {
+	limit := p.Limit
 	pattern := escapeGlob(s.prefix) + "{*}:r:*"
 
 	var (
@@ -75,9 +101,13 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("listing keys: %w", interpretError(err))
+		return nil, idemstore.Identity{}, 0, fmt.Errorf("listing keys: %w", interpretError(err))
 	}
 	trim()
+	var last idemstore.Identity
+	if len(cands) > 0 {
+		last = cands[len(cands)-1].id
+	}
 
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.MapStringStringCmd, len(cands))
@@ -86,7 +116,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	}
 	if len(cmds) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("listing keys: %w", interpretError(err))
+			return nil, last, 0, fmt.Errorf("listing keys: %w", interpretError(err))
 		}
 	}
 	out := make([]*idemstore.Record, 0, len(cmds))
@@ -97,7 +127,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 		}
 		r, err := recordFromMap(m)
 		if err != nil {
-			return nil, fmt.Errorf("listing keys: %w", err)
+			return nil, last, 0, fmt.Errorf("listing keys: %w", err)
 		}
 		if now.After(r.ExpiresAt) {
 			continue
@@ -110,7 +140,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out, last, len(cands), nil
 }
 
 type listCandidate struct {
