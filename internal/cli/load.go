@@ -54,7 +54,7 @@ func parseLoad(args []string, e *env) (*loadOptions, error) {
 		duplicates:  1,
 		body:        loadgen.DefaultBody,
 		header:      make(http.Header),
-		timeout:     30 * time.Second,
+		timeout:     loadgen.DefaultTimeout,
 	}
 	fs := newFlagSet("load", "idem load --url URL [--concurrency N] [--duration D | --requests N] [--keys K] [--duplicates R] [--body JSON] [--header 'K: V'] [--json]", loadAbout)
 	fs.Var(httpURLValue{&o.url}, "url", "`URL` the requests are POSTed to (required)")
@@ -148,15 +148,7 @@ func runLoad(ctx context.Context, e *env, args []string) error {
 		Duplicates:  o.duplicates,
 		Body:        []byte(o.body),
 		Header:      o.header,
-		Client: &http.Client{
-			Timeout: o.timeout,
-			Transport: &http.Transport{
-				MaxIdleConns:        o.concurrency,
-				MaxIdleConnsPerHost: o.concurrency,
-				IdleConnTimeout:     90 * time.Second,
-				DisableCompression:  true,
-			},
-		},
+		Timeout:     o.timeout,
 	})
 	if err != nil {
 		return err

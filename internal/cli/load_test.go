@@ -23,7 +23,7 @@ func TestParseLoad(t *testing.T) {
 	defaults := func() loadOptions {
 		return loadOptions{
 			concurrency: loadgen.DefaultConcurrency, duration: 10 * time.Second, duplicates: 1,
-			body: loadgen.DefaultBody, header: http.Header{}, timeout: 30 * time.Second,
+			body: loadgen.DefaultBody, header: http.Header{}, timeout: loadgen.DefaultTimeout,
 		}
 	}
 	tests := []struct {

@@ -55,9 +55,12 @@ type Config struct {
 	// KeyPrefix starts every key. Defaults to "load-" and 8 random hex
 	// digits, so that runs against one store do not meet each other's keys.
 	KeyPrefix string
+	// Timeout bounds each request; a request that runs out counts as an
+	// error. Defaults to 30 seconds. It applies to the default Client only.
+	Timeout time.Duration
 	// Client sends the requests. Defaults to a client whose transport keeps
-	// Concurrency idle connections to the host, without a proxy, with a
-	// 30-second timeout per request.
+	// Concurrency idle connections to the host, without a proxy, with
+	// Timeout per request.
 	Client *http.Client
 	// Seed seeds the shuffle of the plan. Zero picks a random seed.
 	Seed uint64
@@ -67,8 +70,13 @@ type Config struct {
 const DefaultBody = `{"customer_id":"cus_8f14e45fceea167a5a36dedd4bea2543","amount_cents":129900,"currency":"EUR",` +
 	`"description":"Order 2026-11-25 #48213","metadata":{"order_id":"48213","channel":"web"},"capture":true}`
 
-// DefaultConcurrency is the default Config.Concurrency.
-const DefaultConcurrency = 8
+// Defaults of Config.
+const (
+	// DefaultConcurrency is the default Config.Concurrency.
+	DefaultConcurrency = 8
+	// DefaultTimeout is the default Config.Timeout.
+	DefaultTimeout = 30 * time.Second
+)
 
 // Result is what a run measured.
 type Result struct {
@@ -119,8 +127,8 @@ func (cfg *Config) withDefaults() (Config, error) {
 	switch {
 	case c.URL == "":
 		return c, errors.New("no URL")
-	case c.Concurrency < 0, c.Duration < 0, c.Requests < 0, c.Keys < 0, c.Duplicates < 0:
-		return c, errors.New("negative concurrency, duration, requests, keys or duplicates")
+	case c.Concurrency < 0, c.Duration < 0, c.Requests < 0, c.Keys < 0, c.Duplicates < 0, c.Timeout < 0:
+		return c, errors.New("negative concurrency, duration, requests, keys, duplicates or timeout")
 	case c.Duration == 0 && c.Requests == 0 && c.Keys == 0:
 		return c, errors.New("unbounded run: set Duration, Requests or Keys")
 	case c.Keys == 0 && c.Duplicates > 1:
@@ -147,9 +155,12 @@ func (cfg *Config) withDefaults() (Config, error) {
 		rand.Read(b[:])
 		c.KeyPrefix = "load-" + hex.EncodeToString(b[:]) + "-"
 	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
 	if c.Client == nil {
 		c.Client = &http.Client{
-			Timeout: 30 * time.Second,
+			Timeout: c.Timeout,
 			Transport: &http.Transport{
 				MaxIdleConns:        c.Concurrency,
 				MaxIdleConnsPerHost: c.Concurrency,

@@ -181,6 +181,29 @@ func TestRunErrors(t *testing.T) {
 	}
 }
 
+// A request that outlives Timeout counts as an error.
+func TestRunTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The body read, the server notices the client leaving.
+		io.Copy(io.Discard, r.Body)
+		select { // answers only when the client gives up
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // runs first
+	res, err := Run(t.Context(), &Config{URL: srv.URL, Concurrency: 2, Requests: 2, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors != 2 || res.Responses != 0 || res.FirstError == nil || !strings.Contains(res.FirstError.Error(), "Timeout") {
+		t.Errorf("errors %d (%v), responses %d; want 2 timeouts", res.Errors, res.FirstError, res.Responses)
+	}
+}
+
 // A canceled context ends the run at once, requests in flight included.
 func TestRunCanceled(t *testing.T) {
 	t.Parallel()
