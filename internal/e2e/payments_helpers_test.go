@@ -10,9 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,54 +56,6 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// serverListeningRE finds the bound address in the start-up log line of
-// `idem payments` (msg=listening) and of `idem provider` (msg="provider
-// listening").
-var serverListeningRE = regexp.MustCompile(`\bmsg=(?:listening\b|"provider listening")\s.*\baddr=(\S+)`)
-
-// startServer is start for the idem commands whose start-up line
-// serverListeningRE recognises: it starts cmd and waits until it logs the
-// address it listens on.
-func startServer(t *testing.T, name string, cmd *exec.Cmd) *proc {
-	t.Helper()
-	p := &proc{t: t, name: name, cmd: cmd, changed: make(chan struct{}), eof: make(chan struct{}), done: make(chan struct{})}
-	setPdeathsig(cmd)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	w.Close()
-	go p.read(r)
-	go func() {
-		err := cmd.Wait()
-		p.mu.Lock()
-		p.waitErr = err
-		p.mu.Unlock()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		out := p.output()
-		if strings.Contains(out, "WARNING: DATA RACE") {
-			t.Errorf("%s reported a data race:\n%s", name, out)
-		} else if t.Failed() {
-			t.Logf("%s output:\n%s", name, out)
-		}
-	})
-	m := p.waitLine(serverListeningRE, 60*time.Second)
-	if m == nil {
-		t.Fatalf("%s did not report its address; output:\n%s", name, p.output())
-	}
-	p.URL = "http://" + m[1]
-	return p
-}
-
 // stop sends SIGTERM and waits for a clean exit: a planned restart.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
@@ -142,7 +92,7 @@ func (b *bank) restart(faults ...string) {
 	b.n++
 	cmd := exec.Command(idemBinary(b.t), append([]string{"provider", "--listen", b.addr, "--store", b.store}, faults...)...)
 	cmd.Env = cleanEnviron()
-	b.proc = startServer(b.t, fmt.Sprintf("provider#%d", b.n), cmd)
+	b.proc = start(b.t, fmt.Sprintf("provider#%d", b.n), cmd)
 }
 
 // service is an `idem payments` process on an external provider,
@@ -193,7 +143,7 @@ func (s *service) restart(crashAt string) {
 		cmd.Env = append(cmd.Env, "IDEM_PAYMENTS_CRASH_AT="+crashAt)
 		name += "(crash at " + crashAt + ")"
 	}
-	s.proc = startServer(s.t, name, cmd)
+	s.proc = start(s.t, name, cmd)
 }
 
 // payment is a payment as GET /v1/payments/{id} shows it.
