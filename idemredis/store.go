@@ -307,66 +307,127 @@ func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse,
 	}, nil
 }
 
+// recordFields are a record hash's values, as strings, before decoding.
+type recordFields struct {
+	scope, endpoint, key, fingerprint, state, token string
+	leaseExpiredState, notReplayable, recoveryPoint string
+	lockedUntil, startedAt, createdAt, updatedAt    string
+	expiresAt, attempts, status, header, body       string
+	hasStatus                                       bool
+}
+
+// set stores value as field k; unknown fields are ignored.
+func (f *recordFields) set(k, v string) {
+	switch k {
+	case "scope":
+		f.scope = v
+	case "endpoint":
+		f.endpoint = v
+	case "key":
+		f.key = v
+	case "fingerprint":
+		f.fingerprint = v
+	case "state":
+		f.state = v
+	case "token":
+		f.token = v
+	case "lease_expired_state":
+		f.leaseExpiredState = v
+	case "not_replayable":
+		f.notReplayable = v
+	case "recovery_point":
+		f.recoveryPoint = v
+	case "locked_until":
+		f.lockedUntil = v
+	case "started_at":
+		f.startedAt = v
+	case "created_at":
+		f.createdAt = v
+	case "updated_at":
+		f.updatedAt = v
+	case "expires_at":
+		f.expiresAt = v
+	case "attempts":
+		f.attempts = v
+	case "status":
+		f.status, f.hasStatus = v, true
+	case "header":
+		f.header = v
+	case "body":
+		f.body = v
+	}
+}
+
 // recordFromFlat decodes a field, value, ... list (HGETALL in a script).
 func recordFromFlat(vals []any) (*idemstore.Record, error) {
 	if len(vals) == 0 || len(vals)%2 != 0 {
 		return nil, fmt.Errorf("decoding record: %d values", len(vals))
 	}
-	m := make(map[string]string, len(vals)/2)
+	var f recordFields
 	for i := 0; i < len(vals); i += 2 {
 		k, ok1 := vals[i].(string)
 		v, ok2 := vals[i+1].(string)
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("decoding record: unexpected %T, %T", vals[i], vals[i+1])
 		}
-		m[k] = v
+		f.set(k, v)
 	}
-	return recordFromMap(m)
+	return f.record()
 }
 
 // recordFromMap decodes a record hash.
 func recordFromMap(m map[string]string) (*idemstore.Record, error) {
+	var f recordFields
+	for k, v := range m {
+		f.set(k, v)
+	}
+	return f.record()
+}
+
+// record decodes the fields.
+func (f *recordFields) record() (*idemstore.Record, error) {
 	r := &idemstore.Record{
 		Identity: idemstore.Identity{
-			Scope:    m["scope"],
-			Endpoint: m["endpoint"],
-			Key:      m["key"],
+			Scope:    f.scope,
+			Endpoint: f.endpoint,
+			Key:      f.key,
 		},
-		Fingerprint:       m["fingerprint"],
-		State:             idemstore.State(m["state"]),
-		Token:             m["token"],
-		LeaseExpiredState: idemstore.State(m["lease_expired_state"]),
-		NotReplayable:     m["not_replayable"] == "1",
-		RecoveryPoint:     m["recovery_point"],
+		Fingerprint:       f.fingerprint,
+		State:             idemstore.State(f.state),
+		Token:             f.token,
+		LeaseExpiredState: idemstore.State(f.leaseExpiredState),
+		NotReplayable:     f.notReplayable == "1",
+		RecoveryPoint:     f.recoveryPoint,
 	}
 	if !r.State.Valid() {
 		return nil, fmt.Errorf("decoding record: invalid state %q", r.State)
 	}
 	var err error
-	times := []struct {
+	times := [...]struct {
 		field string
+		value string
 		dst   *time.Time
 	}{
-		{"locked_until", &r.LockedUntil},
-		{"started_at", &r.StartedAt},
-		{"created_at", &r.CreatedAt},
-		{"updated_at", &r.UpdatedAt},
-		{"expires_at", &r.ExpiresAt},
+		{"locked_until", f.lockedUntil, &r.LockedUntil},
+		{"started_at", f.startedAt, &r.StartedAt},
+		{"created_at", f.createdAt, &r.CreatedAt},
+		{"updated_at", f.updatedAt, &r.UpdatedAt},
+		{"expires_at", f.expiresAt, &r.ExpiresAt},
 	}
-	for _, f := range times {
-		if *f.dst, err = parseMicros(m[f.field]); err != nil {
-			return nil, fmt.Errorf("decoding record field %s: %w", f.field, err)
+	for _, t := range times {
+		if *t.dst, err = parseMicros(t.value); err != nil {
+			return nil, fmt.Errorf("decoding record field %s: %w", t.field, err)
 		}
 	}
-	if r.Attempts, err = strconv.Atoi(m["attempts"]); err != nil {
+	if r.Attempts, err = strconv.Atoi(f.attempts); err != nil {
 		return nil, fmt.Errorf("decoding record field attempts: %w", err)
 	}
-	if status, ok := m["status"]; ok && !r.NotReplayable {
-		resp := &idemstore.Response{Body: []byte(m["body"])}
-		if resp.Status, err = strconv.Atoi(status); err != nil {
+	if f.hasStatus && !r.NotReplayable {
+		resp := &idemstore.Response{Body: []byte(f.body)}
+		if resp.Status, err = strconv.Atoi(f.status); err != nil {
 			return nil, fmt.Errorf("decoding record field status: %w", err)
 		}
-		if h := m["header"]; h != "" && h != "null" {
+		if h := f.header; h != "" && h != "null" {
 			resp.Header = make(http.Header)
 			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
 				return nil, fmt.Errorf("decoding record field header: %w", err)
