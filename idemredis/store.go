@@ -93,32 +93,72 @@ type recordKeys struct {
 
 // keysOf returns the keys of the record named id.
 func (s *Store) keysOf(id idemstore.Identity) recordKeys {
-	h := sha256.New()
+	// The hash input is each field's length (8 bytes, big endian) then its
+	// bytes; it is built in one buffer, on the stack when small.
+	var stack [256]byte
+	buf := stack[:0]
 	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write([]byte(f))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(len(f)))
+		buf = append(buf, f...)
 	}
-	sum := h.Sum(nil)
-	bucket := int(binary.BigEndian.Uint16(sum)) % bucketCount
-	return s.bucketKeys(bucket, hex.EncodeToString(sum))
+	sum := sha256.Sum256(buf)
+	bucket := int(binary.BigEndian.Uint16(sum[:])) % bucketCount
+	var member [2 * sha256.Size]byte
+	hex.Encode(member[:], sum[:])
+	return s.keysFor(bucket, member[:])
 }
 
 // bucketKeys returns the keys of the record member of bucket.
 func (s *Store) bucketKeys(bucket int, member string) recordKeys {
-	tag := s.bucketTag(bucket)
+	return s.keysFor(bucket, []byte(member))
+}
+
+// keysFor builds the keys of the record member of bucket in one string and
+// slices them out of it: one allocation for all of them.
+func (s *Store) keysFor(bucket int, member []byte) recordKeys {
+	tag := len(s.prefix) + len("{xxx}")
+	rec := tag + len(":r:") + len(member)
+	idx := tag + len(":leases")
+	exp := tag + len(":expiry")
+	var b strings.Builder
+	b.Grow(rec + idx + exp + tag + len(":c:") + len(member))
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":r:")
+	b.Write(member)
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":leases")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":expiry")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":c:")
+	b.Write(member)
+	all := b.String()
 	return recordKeys{
-		record:  tag + ":r:" + member,
-		index:   tag + ":leases",
-		expiry:  tag + ":expiry",
-		member:  member,
-		channel: tag + ":c:" + member,
+		record:  all[:rec],
+		member:  all[tag+len(":r:") : rec],
+		index:   all[rec : rec+idx],
+		expiry:  all[rec+idx : rec+idx+exp],
+		channel: all[rec+idx+exp:],
 	}
 }
 
 func (s *Store) bucketTag(bucket int) string {
-	return fmt.Sprintf("%s{%03x}", s.prefix, bucket)
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len("{xxx}"))
+	s.writeBucketTag(&b, bucket)
+	return b.String()
+}
+
+// writeBucketTag writes prefix{xxx}, bucket as three lowercase hex digits
+// (as %03x formats it below 4096).
+func (s *Store) writeBucketTag(b *strings.Builder, bucket int) {
+	const digits = "0123456789abcdef"
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.WriteByte(digits[bucket>>8&0xf])
+	b.WriteByte(digits[bucket>>4&0xf])
+	b.WriteByte(digits[bucket&0xf])
+	b.WriteByte('}')
 }
 
 // micros formats t as decimal Unix microseconds, the scripts' time unit.

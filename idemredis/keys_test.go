@@ -1,0 +1,90 @@
+package idemredis
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// legacyKeysOf is keysOf as it was before it built all keys in one
+// allocation: the reference the new one must match exactly (the key layout
+// is persistent).
+func legacyKeysOf(prefix string, id idemstore.Identity) recordKeys {
+	h := sha256.New()
+	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write([]byte(f))
+	}
+	sum := h.Sum(nil)
+	bucket := int(binary.BigEndian.Uint16(sum)) % bucketCount
+	return legacyBucketKeys(prefix, bucket, hex.EncodeToString(sum))
+}
+
+func legacyBucketKeys(prefix string, bucket int, member string) recordKeys {
+	tag := fmt.Sprintf("%s{%03x}", prefix, bucket)
+	return recordKeys{
+		record:  tag + ":r:" + member,
+		index:   tag + ":leases",
+		expiry:  tag + ":expiry",
+		member:  member,
+		channel: tag + ":c:" + member,
+	}
+}
+
+func TestKeysMatchLegacy(t *testing.T) {
+	ids := []idemstore.Identity{
+		{},
+		testID,
+		{Scope: "ab", Endpoint: "c", Key: "d"},
+		{Scope: "a", Endpoint: "bc", Key: "d"},
+		{Scope: "tenant-ü", Endpoint: "PUT /x/{id}", Key: "\x00\xff*?[]"},
+		{Scope: strings.Repeat("s", 300), Endpoint: "POST /", Key: strings.Repeat("k", 1000)},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		b := make([]byte, rng.IntN(200))
+		for i := range b {
+			b[i] = byte(rng.UintN(256))
+		}
+		i, j := rng.IntN(len(b)+1), rng.IntN(len(b)+1)
+		i, j = min(i, j), max(i, j)
+		ids = append(ids, idemstore.Identity{Scope: string(b[:i]), Endpoint: string(b[i:j]), Key: string(b[j:])})
+	}
+	for _, prefix := range []string{"idem:", "", "app:idem:", "ü"} {
+		s := New(nil, &Config{Prefix: prefix})
+		if prefix == "" {
+			prefix = "idem:" // New's default
+		}
+		for _, id := range ids {
+			if got, want := s.keysOf(id), legacyKeysOf(prefix, id); got != want {
+				t.Fatalf("keysOf(%q) with prefix %q = %+v, want %+v", id, prefix, got, want)
+			}
+		}
+		for bucket := range bucketCount {
+			for _, member := range []string{"", "m", "0123456789abcdef"} {
+				if got, want := s.bucketKeys(bucket, member), legacyBucketKeys(prefix, bucket, member); got != want {
+					t.Fatalf("bucketKeys(%d, %q) = %+v, want %+v", bucket, member, got, want)
+				}
+			}
+			if got, want := s.bucketTag(bucket), fmt.Sprintf("%s{%03x}", prefix, bucket); got != want {
+				t.Fatalf("bucketTag(%d) = %q, want %q", bucket, got, want)
+			}
+		}
+	}
+}
+
+func BenchmarkKeysOf(b *testing.B) {
+	s := New(nil, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = s.keysOf(testID)
+	}
+}
