@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -468,8 +467,7 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 			return nil, fmt.Errorf("decoding record field status: %w", err)
 		}
 		if h := f.header; h != "" && h != "null" {
-			resp.Header = make(http.Header)
-			if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
+			if resp.Header, err = decodeHeader(h); err != nil {
 				return nil, fmt.Errorf("decoding record field header: %w", err)
 			}
 		}

@@ -1,0 +1,91 @@
+package idemredis
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+// checkHeader compares decodeHeader with json.Unmarshal into a new
+// http.Header, as recordFromMap decoded headers before.
+func checkHeader(t *testing.T, s string) {
+	t.Helper()
+	want := make(http.Header)
+	wantErr := json.Unmarshal([]byte(s), &want)
+	got, err := decodeHeader(s)
+	if fmt.Sprint(err) != fmt.Sprint(wantErr) {
+		t.Fatalf("decodeHeader(%q) error = %v, want %v", s, err, wantErr)
+	}
+	if err == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("decodeHeader(%q) = %#v, want %#v", s, got, want)
+	}
+}
+
+var headerSeeds = []string{
+	`{}`, `{"A":[]}`, `{"A":["b"]}`, `{"A":["b","c"],"D":["e"]}`, `{"":[""]}`,
+	`{"Content-Type":["application/json"],"Location":["/v1/payments/pay_123"]}`,
+	`{"A":null}`, `{"A":["\u003c"]}`, `{"A":["b\"c"]}`, `{"A":["é"]}`, `{"A":["\xff"]}`,
+	`{"A":["b"],"A":["c"]}`, `{"A":["b"],}`, `{"A":["b",]}`, `{"A":[,]}`, `{,}`, `{"A"}`,
+	`{"A":}`, `{"A":[}`, `{"A":["b"]`, `{"A":"b"}`, `{"A":[1]}`, ` {"A":["b"]}`,
+	`{"A":["b"]} `, `{"A" :["b"]}`, `{"A":["b"]}x`, `[]`, `null`, ` null`, `"x"`, `{`, `}`, ``,
+	`{"A":["b"]}{}`, `{"A":[""]}`, `{"a b":["<&>"]}`, `{"A":["\t"]}`,
+}
+
+func TestDecodeHeaderMatchesJSON(t *testing.T) {
+	for _, s := range headerSeeds {
+		checkHeader(t, s)
+	}
+}
+
+// TestDecodeHeaderFast checks that what encodeResponse writes for common
+// headers takes the fast path, and what it must not decode does not.
+func TestDecodeHeaderFast(t *testing.T) {
+	for _, h := range []http.Header{
+		{},
+		{"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_123"}},
+		{"Set-Cookie": {"a=1; Path=/", "b=2"}, "X-Empty": {}, "X-Blank": {""}},
+	} {
+		b, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := decodeHeaderFast(string(b))
+		if !ok || !reflect.DeepEqual(got, h) {
+			t.Errorf("decodeHeaderFast(%s) = %#v, %v; want %#v, true", b, got, ok, h)
+		}
+	}
+	for _, s := range []string{`{"A":null}`, `{"A":["\u003c"]}`, `{"A":["é"]}`, ` {}`, `{"A":["b"],}`} {
+		if h, ok := decodeHeaderFast(s); ok {
+			t.Errorf("decodeHeaderFast(%q) = %#v, true; want false", s, h)
+		}
+	}
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	for _, s := range headerSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		checkHeader(t, s)
+	})
+}
+
+// FuzzDecodeHeaderMarshal decodes what json.Marshal writes for a header
+// built from the input.
+func FuzzDecodeHeaderMarshal(f *testing.F) {
+	f.Add("Content-Type", "application/json", "Location", "/x", 2)
+	f.Add("A", "<é>", "", "\x00", 0)
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string, n int) {
+		h := http.Header{k1: {v1}, k2: make([]string, 0, 2)}
+		for range n & 3 {
+			h[k2] = append(h[k2], v2)
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkHeader(t, string(b))
+	})
+}
