@@ -6,7 +6,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -62,30 +61,12 @@ func openDatabase(ctx context.Context, rawURL string, now func() time.Time) (*da
 }
 
 func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
-	_, rest, _ := strings.Cut(rawURL, ":")
-	p, rawQuery, _ := strings.Cut(rest, "?")
-	if strings.HasPrefix(p, "//") {
-		u, err := url.Parse("sqlite:" + p)
-		if err != nil || u.Host != "" {
-			return nil, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
-		}
-		p = u.Path
-	}
-	if p == "" {
-		return nil, fmt.Errorf("store %q: the path is missing (e.g. %s)", rawURL, storeurl.Default)
-	}
-	query, err := url.ParseQuery(rawQuery)
+	p, cfg, err := storeurl.ParseSQLite(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("store %q: %w", rawURL, err)
+		return nil, err
 	}
-	cfg := &idemsqlite.Config{Now: now}
-	for name, values := range query {
-		if name != "synchronous" {
-			return nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
-		}
-		cfg.Synchronous = values[len(values)-1]
-	}
-	store, err := idemsqlite.Open(p, cfg)
+	cfg.Now = now
+	store, err := idemsqlite.Open(p, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -101,21 +82,12 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*data
 
 func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
 	redacted := storeurl.Redact(rawURL)
-	u, err := url.Parse(rawURL)
+	pcfg, schema, err := storeurl.ParsePostgres(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: invalid URL", redacted)
+		return nil, err
 	}
-	// schema is ours, not a PostgreSQL parameter.
-	q := u.Query()
-	schema := q.Get("schema")
 	if schema == "" {
 		schema = idempgx.DefaultSchema
-	}
-	q.Del("schema")
-	u.RawQuery = q.Encode()
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", redacted, err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -90,30 +89,12 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time) (idemst
 }
 
 func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (idemstore.TxStore, ledger, error) {
-	_, rest, _ := strings.Cut(rawURL, ":")
-	path, rawQuery, _ := strings.Cut(rest, "?")
-	if strings.HasPrefix(path, "//") {
-		u, err := url.Parse("sqlite:" + path)
-		if err != nil || u.Host != "" {
-			return nil, nil, fmt.Errorf("provider: store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
-		}
-		path = u.Path
-	}
-	query, err := url.ParseQuery(rawQuery)
+	path, cfg, err := storeurl.ParseSQLite(rawURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("provider: store %q: %w", rawURL, err)
+		return nil, nil, fmt.Errorf("provider: %w", err)
 	}
-	cfg := &idemsqlite.Config{Now: now}
-	for name, values := range query {
-		if name != "synchronous" {
-			return nil, nil, fmt.Errorf("provider: store %q: unknown option %q (want synchronous)", rawURL, name)
-		}
-		cfg.Synchronous = values[len(values)-1]
-	}
-	if path == "" {
-		return nil, nil, fmt.Errorf("provider: store %q: the path is missing", rawURL)
-	}
-	store, err := idemsqlite.Open(path, cfg)
+	cfg.Now = now
+	store, err := idemsqlite.Open(path, &cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("provider: %w", err)
 	}
@@ -127,21 +108,12 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (idems
 
 func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (idemstore.TxStore, ledger, error) {
 	redacted := storeurl.Redact(rawURL)
-	u, err := url.Parse(rawURL)
+	pcfg, schema, err := storeurl.ParsePostgres(rawURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("provider: store %s: invalid URL", redacted)
+		return nil, nil, fmt.Errorf("provider: %w", err)
 	}
-	// schema is ours, not a PostgreSQL parameter.
-	q := u.Query()
-	schema := q.Get("schema")
 	if schema == "" {
 		schema = idempgx.DefaultSchema
-	}
-	q.Del("schema")
-	u.RawQuery = q.Encode()
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		return nil, nil, fmt.Errorf("provider: store %s: %w", redacted, err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

@@ -121,32 +121,61 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (idemstore.Stor
 	return nil, nil, fmt.Errorf("%w %q: want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme, scheme)
 }
 
-func openSQLite(rawURL string, o Options) (idemstore.Store, func() error, error) {
+// ParseSQLite reads a sqlite:PATH (or sqlite:///ABSOLUTE/PATH) URL with its
+// ?synchronous= option into the file path and the store's configuration.
+func ParseSQLite(rawURL string) (path string, cfg idemsqlite.Config, err error) {
 	_, rest, _ := strings.Cut(rawURL, ":")
 	path, rawQuery, _ := strings.Cut(rest, "?")
 	if strings.HasPrefix(path, "//") {
 		// sqlite:///abs/path: a URL with an empty host.
 		u, err := url.Parse("sqlite:" + path)
 		if err != nil || u.Host != "" {
-			return nil, nil, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
+			return "", cfg, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
 		}
 		path = u.Path
 	}
 	if path == "" {
-		return nil, nil, fmt.Errorf("store %q: the path is missing (e.g. %s)", rawURL, Default)
+		return "", cfg, fmt.Errorf("store %q: the path is missing (e.g. %s)", rawURL, Default)
 	}
-	var cfg idemsqlite.Config
 	query, err := url.ParseQuery(rawQuery)
 	if err != nil {
-		return nil, nil, fmt.Errorf("store %q: %w", rawURL, err)
+		return "", cfg, fmt.Errorf("store %q: %w", rawURL, err)
 	}
 	for name, values := range query {
 		switch name {
 		case "synchronous":
 			cfg.Synchronous = values[len(values)-1]
 		default:
-			return nil, nil, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
+			return "", cfg, fmt.Errorf("store %q: unknown option %q (want synchronous)", rawURL, name)
 		}
+	}
+	return path, cfg, nil
+}
+
+// ParsePostgres reads a postgres:// URL into a pool configuration and the
+// schema its ?schema= option names ("" when absent). schema is ours, not a
+// PostgreSQL parameter: it is taken out before pgx would send it to the
+// server.
+func ParsePostgres(rawURL string) (*pgxpool.Config, string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+	}
+	q := u.Query()
+	schema := q.Get("schema")
+	q.Del("schema")
+	u.RawQuery = q.Encode()
+	pcfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	return pcfg, schema, nil
+}
+
+func openSQLite(rawURL string, o Options) (idemstore.Store, func() error, error) {
+	path, cfg, err := ParseSQLite(rawURL)
+	if err != nil {
+		return nil, nil, err
 	}
 	if o.NoCreate {
 		if _, err := os.Stat(path); err != nil {
@@ -195,21 +224,11 @@ func openSQLiteUnmigrated(path string, cfg *idemsqlite.Config) (idemstore.Store,
 }
 
 func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Store, func() error, error) {
-	// schema is ours, not a PostgreSQL parameter: take it out before pgx
-	// sends the query parameters to the server.
-	u, err := url.Parse(rawURL)
+	pcfg, schema, err := ParsePostgres(rawURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+		return nil, nil, err
 	}
-	q := u.Query()
-	cfg := &idempgx.Config{Schema: q.Get("schema")}
-	q.Del("schema")
-	u.RawQuery = q.Encode()
-
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
-	}
+	cfg := &idempgx.Config{Schema: schema}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
