@@ -3,13 +3,14 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -24,8 +25,6 @@ const HeaderKey = "Idempotency-Key"
 
 // HeaderReplayed is set to "true" on every answer served from a stored response.
 const HeaderReplayed = "Idempotent-Replayed"
-
-var replayedTrue = []string{"true"}
 
 // New returns the idempotency middleware on store. A nil cfg means all
 // defaults (see Config).
@@ -48,6 +47,7 @@ type middleware struct {
 	log     *slog.Logger
 	hub     hub
 	limits  *scopeLimits
+	fps     fpCache
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
@@ -142,7 +142,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m:    m,
 		body: body,
 		id:   idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		fp:   Fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), body, m.cfg.Fingerprint),
+		fp:   m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint),
 	}
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
@@ -328,11 +328,21 @@ func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Re
 		return
 	}
 	a.decision(DecisionReplayed)
+	// The stored header may be shared with the store (see
+	// idemstore.ReserveResult), and the writer's header is anybody's to
+	// change: copy the values, into one slice.
+	n := 0
+	for _, vs := range rec.Response.Header {
+		n += len(vs)
+	}
+	values := make([]string, n+1)
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
-		h[name] = vs
+		n = copy(values, vs)
+		h[name], values = values[:n:n], values[n:]
 	}
-	h[HeaderReplayed] = replayedTrue[:1:1] // net/http adds Content-Length
+	values[0] = "true"
+	h[HeaderReplayed] = values // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
 }
@@ -662,10 +672,17 @@ func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err err
 	}
 }
 
+// newToken returns a fresh fencing token: 128 bits from the runtime's
+// ChaCha8 generator, seeded from the operating system. A token must be
+// unique, not secret: it never leaves the server, and a store compares it
+// only with the tokens it handed out.
 func newToken() string {
 	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }
 
 // attempt is one request's claim on a record.

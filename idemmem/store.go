@@ -1,9 +1,11 @@
 // Package idemmem is an in-memory idem store for tests and local development.
 //
 // It keeps every record in one map behind one mutex, in one process: nothing
-// survives a restart and nothing is shared between processes. Records are
-// deep-copied on the way in and out, so callers never alias stored headers or
-// bodies. It implements idemstore.Waiter.
+// survives a restart and nothing is shared between processes. Responses are
+// deep-copied on the way in and in the records KeyGet, KeyList and KeySweep
+// return, so callers never alias stored headers or bodies; KeyReserve shares
+// the stored response, which its callers only read (see
+// idemstore.ReserveResult). It implements idemstore.Waiter.
 package idemmem
 
 import (
@@ -425,19 +427,15 @@ func compareIdentity(a, b idemstore.Identity) int {
 	)
 }
 
-// reserveResult returns a result holding a deep copy of r, in one
-// allocation for the result, the record and the response (a replay is the
-// hot path).
+// reserveResult returns a result holding a copy of r that shares r's
+// response, in one allocation (a replay is the hot path). The stored
+// response is never modified in place, only replaced, and callers treat a
+// reserve result as read-only (see idemstore.ReserveResult).
 func reserveResult(reserved bool, r *idemstore.Record) *idemstore.ReserveResult {
 	b := &struct {
-		res  idemstore.ReserveResult
-		rec  idemstore.Record
-		resp idemstore.Response
+		res idemstore.ReserveResult
+		rec idemstore.Record
 	}{rec: *r}
-	if r.Response != nil {
-		b.resp = idemstore.Response{Status: r.Response.Status, Header: r.Response.Header.Clone(), Body: bytes.Clone(r.Response.Body)}
-		b.rec.Response = &b.resp
-	}
 	b.res = idemstore.ReserveResult{Reserved: reserved, Record: &b.rec}
 	return &b.res
 }

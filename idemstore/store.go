@@ -119,6 +119,12 @@ type ReserveResult struct {
 	// existing record, as the caller must answer from it; the caller compares
 	// its Fingerprint. An in_progress record found with an expired lease whose
 	// LeaseExpiredState is StateUnknown is returned (and stored) as unknown.
+	//
+	// The Record is read-only for the caller: a store may share its
+	// Response (headers and body) with its own memory and with other
+	// callers, so that a replay copies nothing it does not have to. A
+	// caller that hands the headers on to code that may modify them copies
+	// them first. Records from the other methods belong to the caller.
 	Record *Record
 }
 
