@@ -19,7 +19,6 @@ package idempgx
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/headerjson"
 )
 
 // Config configures a Store. A nil *Config means all defaults.
@@ -475,9 +475,11 @@ func (rs *recordScan) record() (*idemstore.Record, error) {
 	if rs.status != nil {
 		resp := &idemstore.Response{Status: int(*rs.status), Body: rs.body}
 		if rs.header != nil {
-			if err := json.Unmarshal(rs.header, &resp.Header); err != nil {
+			h, err := headerjson.Decode(string(rs.header))
+			if err != nil {
 				return nil, fmt.Errorf("decoding stored header: %w", err)
 			}
+			resp.Header = h
 		}
 		rec.Response = resp
 	}
@@ -504,7 +506,7 @@ func encodeResponse(resp *idemstore.Response, notReplayable bool) (encodedRespon
 	status := int32(resp.Status)
 	out := encodedResponse{status: &status, body: resp.Body}
 	if resp.Header != nil {
-		b, err := json.Marshal(map[string][]string(resp.Header))
+		b, err := headerjson.Encode(resp.Header)
 		if err != nil {
 			return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
 		}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/headerjson"
 )
 
 const (
@@ -334,7 +334,7 @@ func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse,
 	if notReplayable || r == nil {
 		return encodedResponse{notReplayable: "1"}, nil
 	}
-	header, err := json.Marshal(r.Header)
+	header, err := headerjson.Encode(r.Header)
 	if err != nil {
 		return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
 	}
@@ -467,7 +467,7 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 			return nil, fmt.Errorf("decoding record field status: %w", err)
 		}
 		if h := f.header; h != "" && h != "null" {
-			if resp.Header, err = decodeHeader(h); err != nil {
+			if resp.Header, err = headerjson.Decode(h); err != nil {
 				return nil, fmt.Errorf("decoding record field header: %w", err)
 			}
 		}

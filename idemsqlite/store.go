@@ -18,7 +18,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -28,6 +27,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/headerjson"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -185,9 +185,11 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 	if status.Valid {
 		r.Response = &idemstore.Response{Status: int(status.Int64), Body: body}
 		if header.Valid {
-			if err := json.Unmarshal([]byte(header.String), &r.Response.Header); err != nil {
+			h, err := headerjson.Decode(header.String)
+			if err != nil {
 				return nil, fmt.Errorf("decoding the stored header of record %s: %w", r.LogHash(), err)
 			}
+			r.Response.Header = h
 		}
 		if r.Response.Body == nil {
 			r.Response.Body = []byte{}
@@ -210,7 +212,7 @@ func responseArgs(resp *idemstore.Response, notReplayable bool) (status, header,
 	if h == nil {
 		h = http.Header{}
 	}
-	b, err := json.Marshal(h)
+	b, err := headerjson.Encode(h)
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("encoding the response header: %w", err)
 	}

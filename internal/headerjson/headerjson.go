@@ -1,0 +1,161 @@
+// Package headerjson encodes and decodes stored response headers in the
+// form every store keeps them: the JSON encoding/json writes for an
+// http.Header, {"Name":["value",...],...}. Encode and Decode give exactly
+// what json.Marshal and json.Unmarshal give (the tests fuzz them against
+// it); they only do the common case, names and values of printable ASCII
+// that need no escaping, without reflection, and hand anything else to
+// encoding/json. A replay decodes the stored header on every request.
+package headerjson
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Encode returns json.Marshal(h).
+func Encode(h http.Header) ([]byte, error) {
+	if b, ok := encodeFast(h); ok {
+		return b, nil
+	}
+	return json.Marshal(h)
+}
+
+// encodeFast encodes h when json.Marshal would write its names and values
+// as they are, and reports false otherwise.
+func encodeFast(h http.Header) ([]byte, bool) {
+	if h == nil {
+		return nil, false
+	}
+	var names [16]string
+	keys := names[:0]
+	n := 2
+	for name, vs := range h {
+		if vs == nil || !plain(name) {
+			return nil, false
+		}
+		n += len(name) + 6
+		for _, v := range vs {
+			if !plain(v) {
+				return nil, false
+			}
+			n += len(v) + 3
+		}
+		keys = append(keys, name)
+	}
+	slices.Sort(keys)
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, name := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, name...)
+		b = append(b, '"', ':', '[')
+		for j, v := range h[name] {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			b = append(b, v...)
+			b = append(b, '"')
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), true
+}
+
+// plain reports whether encoding/json writes s as it is between quotes:
+// printable ASCII other than the quote, the backslash and the characters
+// it escapes for HTML.
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// Decode returns the header json.Unmarshal decodes from s into a new
+// http.Header, errors included.
+func Decode(s string) (http.Header, error) {
+	if h, ok := decodeFast(s); ok {
+		return h, nil
+	}
+	h := make(http.Header)
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// decodeFast decodes s if it is in the exact form json.Marshal writes for
+// plain headers: no white space, no null, strings of printable ASCII with
+// no escapes. It reports false for anything else.
+func decodeFast(s string) (http.Header, bool) {
+	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
+		return nil, false
+	}
+	h := make(http.Header)
+	s = s[1 : len(s)-1]
+	for s != "" {
+		name, rest, ok := plainString(s)
+		if !ok || len(rest) < 2 || rest[0] != ':' || rest[1] != '[' {
+			return nil, false
+		}
+		s = rest[2:]
+		values := []string{}
+		if s != "" && s[0] == ']' {
+			s = s[1:]
+		} else {
+			for {
+				var v string
+				if v, s, ok = plainString(s); !ok || s == "" {
+					return nil, false
+				}
+				values = append(values, v)
+				if s[0] == ']' {
+					s = s[1:]
+					break
+				}
+				if s[0] != ',' {
+					return nil, false
+				}
+				s = s[1:]
+			}
+		}
+		h[name] = values
+		if s == "" {
+			break
+		}
+		if s[0] != ',' || len(s) == 1 {
+			return nil, false
+		}
+		s = s[1:]
+	}
+	return h, true
+}
+
+// plainString reads a JSON string at the start of s whose contents are
+// printable ASCII with no escapes, and returns its contents and what
+// follows it.
+func plainString(s string) (str, rest string, ok bool) {
+	if s == "" || s[0] != '"' {
+		return "", "", false
+	}
+	end := strings.IndexByte(s[1:], '"')
+	if end < 0 {
+		return "", "", false
+	}
+	str = s[1 : 1+end]
+	for i := 0; i < len(str); i++ {
+		if c := str[i]; c < 0x20 || c > 0x7e || c == '\\' {
+			return "", "", false
+		}
+	}
+	return str, s[2+end:], true
+}
