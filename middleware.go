@@ -48,6 +48,7 @@ type middleware struct {
 	hub     hub
 	limits  *scopeLimits
 	fps     fpCache
+	timed   bool // Metrics is not the no-op default: time store calls
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
@@ -59,6 +60,8 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 		stored:  make(map[string]bool),
 		log:     cfg.Logger,
 	}
+	_, nop := cfg.Metrics.(nopMetrics)
+	m.timed = !nop
 	m.waiter, _ = store.(idemstore.Waiter)
 	if cfg.Transactional {
 		ts, ok := store.(idemstore.TxStore)
@@ -244,9 +247,9 @@ func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.Re
 	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
 	defer a.ops.disarm()
 	ctx, end := m.span(ctx, "idem.reserve")
-	start := time.Now()
+	start := m.clockStart()
 	defer func() {
-		m.cfg.Metrics.StoreCall("reserve", time.Since(start), err)
+		m.storeCall("reserve", start, err)
 		end(err)
 	}()
 	expired := idemstore.StateUnknown
@@ -381,6 +384,7 @@ func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record
 
 // execute runs the handler under the lease this request holds.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
+	a.execution = new(execution)
 	rw := &a.rec
 	*rw = recorder{w: w, max: m.cfg.MaxResponse}
 	a.bodyReader.Reset(a.body)
@@ -549,9 +553,9 @@ func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(
 	ctx := a.ops.arm(r.Context(), m.cfg.StoreTimeout)
 	defer a.ops.disarm()
 	ctx, end := m.span(ctx, "idem.complete")
-	start := time.Now()
+	start := m.clockStart()
 	err := f(ctx)
-	m.cfg.Metrics.StoreCall(op, time.Since(start), err)
+	m.storeCall(op, start, err)
 	end(err)
 	switch {
 	case err == nil:
@@ -562,8 +566,29 @@ func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(
 	}
 }
 
+// clockStart starts timing a store call, when there are Metrics to tell.
+func (m *middleware) clockStart() time.Time {
+	if !m.timed {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// storeCall reports a store call started at start to Metrics.
+func (m *middleware) storeCall(op string, start time.Time, err error) {
+	if m.timed {
+		m.cfg.Metrics.StoreCall(op, time.Since(start), err)
+	}
+}
+
 func (m *middleware) storedHeader(h http.Header) http.Header {
-	out := make(http.Header, len(m.stored))
+	n := 0
+	for name := range h {
+		if m.stored[name] {
+			n++
+		}
+	}
+	out := make(http.Header, n)
 	for name, vs := range h {
 		if m.stored[name] {
 			out[name] = vs // stores copy or serialise what they keep
@@ -696,14 +721,11 @@ type attempt struct {
 	span     Span // nil without a Tracer
 
 	// Embedded so that one allocation serves the whole request.
-	body       []byte
-	bodyReader bodyReader
-	ops        opCtx // the context of the store calls
-	params     idemstore.ReserveParams
-	complete   idemstore.CompleteParams
-	response   idemstore.Response
-	rec        recorder
-	renewer    renewer
+	body   []byte
+	ops    opCtx // the context of the store calls
+	params idemstore.ReserveParams
+	// *execution is set when the request runs the handler.
+	*execution
 
 	// recoveryPoint is the last committed phase (transactional mode).
 	recoveryPoint string
@@ -711,6 +733,16 @@ type attempt struct {
 	txOnce sync.Once
 	tx     idemstore.Tx
 	txErr  error
+}
+
+// execution is the part of an attempt only a request that runs the handler
+// needs, in one allocation: a replay or a 409 does not pay for it.
+type execution struct {
+	bodyReader bodyReader
+	complete   idemstore.CompleteParams
+	response   idemstore.Response
+	rec        recorder
+	renewer    renewer
 }
 
 // beginTx returns the function that begins the request's business

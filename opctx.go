@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -27,10 +28,13 @@ type opCtx struct {
 	done     chan struct{}
 	err      error
 	timer    *time.Timer
-	funcs    map[*afterFunc]struct{}
+	funcs    []*afterFunc // usually one: a network store's watcher
 }
 
-type afterFunc struct{ f func() }
+type afterFunc struct {
+	f func()
+	c *opCtx
+}
 
 // arm starts a call: the context expires d from now. A context that expired
 // during an earlier call starts afresh.
@@ -78,14 +82,14 @@ func (c *opCtx) expire() {
 	}
 	funcs := c.expireLocked()
 	c.mu.Unlock()
-	for af := range funcs {
+	for _, af := range funcs {
 		go af.f()
 	}
 }
 
 // expireLocked records the expiry and returns the AfterFunc callbacks to
 // run. c.mu is held.
-func (c *opCtx) expireLocked() map[*afterFunc]struct{} {
+func (c *opCtx) expireLocked() []*afterFunc {
 	c.err = context.DeadlineExceeded
 	if c.done != nil {
 		close(c.done)
@@ -122,7 +126,7 @@ func (c *opCtx) Err() error {
 	if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
 		funcs := c.expireLocked()
 		c.mu.Unlock()
-		for af := range funcs {
+		for _, af := range funcs {
 			go af.f()
 		}
 		return context.DeadlineExceeded
@@ -141,17 +145,21 @@ func (c *opCtx) AfterFunc(f func()) (stop func() bool) {
 		go f()
 		return func() bool { return false }
 	}
-	af := &afterFunc{f}
-	if c.funcs == nil {
-		c.funcs = make(map[*afterFunc]struct{})
-	}
-	c.funcs[af] = struct{}{}
+	af := &afterFunc{f: f, c: c}
+	c.funcs = append(c.funcs, af)
 	c.tick()
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		_, ok := c.funcs[af]
-		delete(c.funcs, af)
-		return ok
+	return af.stop
+}
+
+// stop unregisters af, reporting whether it was still registered.
+func (af *afterFunc) stop() bool {
+	c := af.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.Index(c.funcs, af)
+	if i < 0 {
+		return false
 	}
+	c.funcs = slices.Delete(c.funcs, i, i+1)
+	return true
 }

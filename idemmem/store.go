@@ -431,7 +431,14 @@ func compareIdentity(a, b idemstore.Identity) int {
 // response, in one allocation (a replay is the hot path). The stored
 // response is never modified in place, only replaced, and callers treat a
 // reserve result as read-only (see idemstore.ReserveResult).
+//
+// A completed record is returned itself: nothing modifies a completed
+// record in place (no transition leaves completed, and a record past its
+// expiry is replaced by a new one), so a replay copies nothing.
 func reserveResult(reserved bool, r *idemstore.Record) *idemstore.ReserveResult {
+	if !reserved && r.State == idemstore.StateCompleted {
+		return &idemstore.ReserveResult{Record: r}
+	}
 	b := &struct {
 		res idemstore.ReserveResult
 		rec idemstore.Record

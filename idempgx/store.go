@@ -154,7 +154,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		err := s.pool.QueryRow(ctx, s.q.reserve,
 			p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
 			now.Add(p.Lease), now.Add(p.TTL), string(les),
-		).Scan(append([]any{&reserved}, rs.dest()...)...)
+		).Scan(rs.dest(&reserved)...)
 		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
 			continue // changed by a transaction our snapshot missed
 		}
@@ -445,6 +445,9 @@ func interpretError(err error) error {
 // retryable reports whether err is a serialization failure or a deadlock,
 // after which the statement may simply run again.
 func retryable(err error) bool {
+	if err == nil {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) &&
 		(pgErr.Code == "40001" || pgErr.Code == "40P01")
@@ -460,12 +463,12 @@ type recordScan struct {
 	body   []byte
 }
 
-func (rs *recordScan) dest() []any {
+func (rs *recordScan) dest(before ...any) []any {
 	r := &rs.rec
-	return []any{&r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &rs.state, &r.Token,
+	return append(append(make([]any, 0, len(before)+18), before...), &r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &rs.state, &r.Token,
 		&r.LockedUntil, &r.StartedAt, &rs.les, &rs.status,
 		&rs.header, &rs.body, &r.NotReplayable, &r.RecoveryPoint,
-		&r.Attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+		&r.Attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
 }
 
 func (rs *recordScan) record() (*idemstore.Record, error) {
