@@ -93,51 +93,84 @@ func Decode(s string) (http.Header, error) {
 	return h, nil
 }
 
-// decodeFast decodes s if it is in the exact form json.Marshal writes for
-// plain headers: no white space, no null, strings of printable ASCII with
-// no escapes. It reports false for anything else.
+// decodeFast decodes s if it is in the form json.Marshal writes for plain
+// headers, give or take white space between tokens (PostgreSQL's jsonb
+// prints ": " and ", "): no null, strings of printable ASCII with no
+// escapes. It reports false for anything else.
 func decodeFast(s string) (http.Header, bool) {
-	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
+	d := decoder{s}
+	if !d.consume('{') {
 		return nil, false
 	}
 	h := make(http.Header)
-	s = s[1 : len(s)-1]
-	for s != "" {
-		name, rest, ok := plainString(s)
-		if !ok || len(rest) < 2 || rest[0] != ':' || rest[1] != '[' {
+	if d.consume('}') {
+		return h, d.end()
+	}
+	for {
+		name, ok := d.str()
+		if !ok || !d.consume(':') || !d.consume('[') {
 			return nil, false
 		}
-		s = rest[2:]
 		values := []string{}
-		if s != "" && s[0] == ']' {
-			s = s[1:]
-		} else {
+		if !d.consume(']') {
 			for {
-				var v string
-				if v, s, ok = plainString(s); !ok || s == "" {
+				v, ok := d.str()
+				if !ok {
 					return nil, false
 				}
 				values = append(values, v)
-				if s[0] == ']' {
-					s = s[1:]
+				if d.consume(']') {
 					break
 				}
-				if s[0] != ',' {
+				if !d.consume(',') {
 					return nil, false
 				}
-				s = s[1:]
 			}
 		}
 		h[name] = values
-		if s == "" {
-			break
+		if d.consume('}') {
+			return h, d.end()
 		}
-		if s[0] != ',' || len(s) == 1 {
+		if !d.consume(',') {
 			return nil, false
 		}
-		s = s[1:]
 	}
-	return h, true
+}
+
+// decoder reads JSON tokens from the front of s.
+type decoder struct{ s string }
+
+// skip drops the white space JSON allows between tokens.
+func (d *decoder) skip() {
+	for d.s != "" && (d.s[0] == ' ' || d.s[0] == '\t' || d.s[0] == '\n' || d.s[0] == '\r') {
+		d.s = d.s[1:]
+	}
+}
+
+// consume reads the byte c, reporting whether it came next.
+func (d *decoder) consume(c byte) bool {
+	d.skip()
+	if d.s == "" || d.s[0] != c {
+		return false
+	}
+	d.s = d.s[1:]
+	return true
+}
+
+// end reports whether nothing but white space is left.
+func (d *decoder) end() bool {
+	d.skip()
+	return d.s == ""
+}
+
+// str reads a plain string (see plainString).
+func (d *decoder) str() (string, bool) {
+	d.skip()
+	str, rest, ok := plainString(d.s)
+	if ok {
+		d.s = rest
+	}
+	return str, ok
 }
 
 // plainString reads a JSON string at the start of s whose contents are

@@ -30,6 +30,8 @@ var headerSeeds = []string{
 	`{"A":}`, `{"A":[}`, `{"A":["b"]`, `{"A":"b"}`, `{"A":[1]}`, ` {"A":["b"]}`,
 	`{"A":["b"]} `, `{"A" :["b"]}`, `{"A":["b"]}x`, `[]`, `null`, ` null`, `"x"`, `{`, `}`, ``,
 	`{"A":["b"]}{}`, `{"A":[""]}`, `{"a b":["<&>"]}`, `{"A":["\t"]}`,
+	` { "A" : [ "b" , "c" ] , "D" : [ ] } `, "{\t\"A\":\n[\"b\"]\r}", `{"A": ["b"], "C": ["d", "e"]}`, `{ }`, `{"A":[ ]}`,
+	"{\"A\":[\"b\"]}\v", `{"A":["b"] ,}`, `{"A":["b",  ]}`,
 }
 
 func TestDecodeHeaderMatchesJSON(t *testing.T) {
@@ -55,7 +57,11 @@ func TestDecodeHeaderFast(t *testing.T) {
 			t.Errorf("decodeFast(%s) = %#v, %v; want %#v, true", b, got, ok, h)
 		}
 	}
-	for _, s := range []string{`{"A":null}`, `{"A":["\u003c"]}`, `{"A":["é"]}`, ` {}`, `{"A":["b"],}`} {
+	// PostgreSQL's jsonb output.
+	if h, ok := decodeFast(`{"Link": ["<a>", "<b>"], "Content-Type": ["application/json"]}`); !ok || len(h) != 2 {
+		t.Errorf("decodeFast of jsonb output = %#v, %v; want 2 names, true", h, ok)
+	}
+	for _, s := range []string{`{"A":null}`, `{"A":["\u003c"]}`, `{"A":["é"]}`, `{"A":["b"],}`, `{"A" ["b"]}`, `{"A":["b"] "B":[]}`} {
 		if h, ok := decodeFast(s); ok {
 			t.Errorf("decodeFast(%q) = %#v, true; want false", s, h)
 		}
