@@ -102,7 +102,11 @@ func decodeFast(s string) (http.Header, bool) {
 	if !d.consume('{') {
 		return nil, false
 	}
-	h := make(http.Header)
+	// One map and one slice for all the values: every name opens a '['
+	// and every string has two quotes, so these bound what s holds.
+	names := strings.Count(s, "[")
+	values := make([]string, 0, max(strings.Count(s, `"`)/2-names, 0))
+	h := make(http.Header, names)
 	if d.consume('}') {
 		return h, d.end()
 	}
@@ -111,11 +115,11 @@ func decodeFast(s string) (http.Header, bool) {
 		if !ok || !d.consume(':') || !d.consume('[') {
 			return nil, false
 		}
-		values := []string{}
+		first := len(values)
 		if !d.consume(']') {
 			for {
 				v, ok := d.str()
-				if !ok {
+				if !ok || len(values) == cap(values) {
 					return nil, false
 				}
 				values = append(values, v)
@@ -127,7 +131,7 @@ func decodeFast(s string) (http.Header, bool) {
 				}
 			}
 		}
-		h[name] = values
+		h[name] = values[first:len(values):len(values)]
 		if d.consume('}') {
 			return h, d.end()
 		}
