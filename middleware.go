@@ -333,12 +333,12 @@ func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Re
 	a.decision(DecisionReplayed)
 	// The stored header may be shared with the store (see
 	// idemstore.ReserveResult), and the writer's header is anybody's to
-	// change: copy the values, into one slice.
-	n := 0
+	// change: copy the values.
+	n := 1
 	for _, vs := range rec.Response.Header {
 		n += len(vs)
 	}
-	values := make([]string, n+1)
+	values := make([]string, n) // one slice for all of them
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
 		n = copy(values, vs)

@@ -10,7 +10,8 @@ import (
 // opCtx is the context of one request's store calls (reserve, then the
 // completion). It carries the request's values but not its cancellation, so
 // a client that hangs up does not stop the outcome from being recorded, and
-// it expires StoreTimeout after each arm.
+// it expires StoreTimeout after each arm (counted from the store's first
+// look at it, which comes at once: arming reads no clock).
 //
 // It costs the hot path nothing it does not use: embedded in the attempt, it
 // is one allocation with the request, and its channel and timer are made
@@ -22,7 +23,8 @@ type opCtx struct {
 	context.Context // values only: Deadline, Done and Err are opCtx's own
 
 	mu       sync.Mutex
-	deadline time.Time
+	timeout  time.Duration
+	deadline time.Time // zero until start
 	armed    bool // between arm and disarm
 	ticking  bool // the timer runs for this arm
 	done     chan struct{}
@@ -45,9 +47,19 @@ func (c *opCtx) arm(values context.Context, d time.Duration) context.Context {
 	if c.err != nil {
 		c.done, c.err, c.funcs = nil, nil, nil
 	}
-	c.deadline = time.Now().Add(d)
+	c.timeout, c.deadline = d, time.Time{}
 	c.armed, c.ticking = true, false
 	return c
+}
+
+// start sets the deadline of this arm on its first use: a store call
+// starts at once after arm, and a call that never looks costs no clock
+// read. It returns the deadline. c.mu is held.
+func (c *opCtx) start() time.Time {
+	if c.deadline.IsZero() {
+		c.deadline = time.Now().Add(c.timeout)
+	}
+	return c.deadline
 }
 
 // disarm ends a call: the context does not expire until the next arm.
@@ -68,9 +80,9 @@ func (c *opCtx) tick() {
 	}
 	c.ticking = true
 	if c.timer == nil {
-		c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
+		c.timer = time.AfterFunc(time.Until(c.start()), c.expire)
 	} else {
-		c.timer.Reset(time.Until(c.deadline))
+		c.timer.Reset(time.Until(c.start()))
 	}
 }
 
@@ -103,7 +115,7 @@ func (c *opCtx) expireLocked() []*afterFunc {
 func (c *opCtx) Deadline() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.deadline, true
+	return c.start(), true
 }
 
 // Done implements context.Context.
@@ -123,7 +135,9 @@ func (c *opCtx) Done() <-chan struct{} {
 // Err implements context.Context.
 func (c *opCtx) Err() error {
 	c.mu.Lock()
-	if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
+	if c.err == nil && c.armed && c.deadline.IsZero() {
+		c.start() // the first look: the deadline is ahead
+	} else if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
 		funcs := c.expireLocked()
 		c.mu.Unlock()
 		for _, af := range funcs {

@@ -51,9 +51,13 @@ func TestOpCtx(t *testing.T) {
 	default:
 	}
 
-	// Err alone notices the deadline (no timer was started).
+	// Err alone notices the deadline (no timer was started). The
+	// deadline runs from the first look.
 	var lazy opCtx
 	ctx = lazy.arm(parent, time.Millisecond)
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("first look: %v", err)
+	}
 	time.Sleep(5 * time.Millisecond)
 	if ctx.Err() != context.DeadlineExceeded || lazy.timer != nil {
 		t.Fatalf("lazy expiry: %v timer %v", ctx.Err(), lazy.timer)
