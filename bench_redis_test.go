@@ -121,9 +121,9 @@ func newRedisBench(b *testing.B) *redisBench {
 
 // serve sends one request with key through the middleware and checks the
 // answer: 201, replayed or not.
-func (p *redisBench) serve(b *testing.B, key string, replayed bool) {
+func (p *redisBench) serve(b *testing.B, key, body string, replayed bool) {
 	w := httptest.NewRecorder()
-	p.mw.ServeHTTP(w, benchRequest(key))
+	p.mw.ServeHTTP(w, benchRequestBody(key, body))
 	want := ""
 	if replayed {
 		want = "true"
@@ -162,13 +162,13 @@ func parseScriptCall(b *testing.B, cmd []any) scriptCall {
 // replay of it, and checks their number.
 func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
 	b.Helper()
-	p.serve(b, "warm-up", false)
-	p.serve(b, "warm-up", true)
-	cmds := p.rec.record(func() { p.serve(b, "probe", false) })
+	p.serve(b, "warm-up", benchBody, false)
+	p.serve(b, "warm-up", benchBody, true)
+	cmds := p.rec.record(func() { p.serve(b, "probe", benchBody, false) })
 	if len(cmds) != 2 {
 		b.Fatalf("a new key sent %d commands, want 2 (reserve, complete): %v", len(cmds), cmds)
 	}
-	replay := p.rec.record(func() { p.serve(b, "probe", true) })
+	replay := p.rec.record(func() { p.serve(b, "probe", benchBody, true) })
 	if len(replay) != 1 {
 		b.Fatalf("a replay sent %d commands, want 1 (reserve): %v", len(replay), replay)
 	}
@@ -190,7 +190,8 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			p.serve(b, "key-"+strconv.FormatInt(n.Add(1), 10), false)
+			i := n.Add(1)
+			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchBodyN(i), false)
 		}
 	})
 }
@@ -205,7 +206,7 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			p.serve(b, "probe", true)
+			p.serve(b, "probe", benchBody, true)
 		}
 	})
 }
@@ -295,7 +296,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 				b.Fatalf("reserve: %v (%v)", err, vals)
 			}
 			if handler {
-				bareRequest(key)
+				bareRequest(key, benchBodyN(i))
 			}
 			cargs[redisCompleteNow] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 			cargs[redisCompleteToken], cargs[redisCompleteMember] = key, m
@@ -333,7 +334,7 @@ func rawRedisReplay(b *testing.B, handler bool) {
 				b.Fatalf("replay: %v (%v)", err, vals)
 			}
 			if handler {
-				bareRequest("probe")
+				bareRequest("probe", benchBody)
 			}
 		}
 	})
