@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -59,12 +61,65 @@ func TestOpCtx(t *testing.T) {
 		t.Fatalf("first look: %v", err)
 	}
 	time.Sleep(5 * time.Millisecond)
-	if ctx.Err() != context.DeadlineExceeded || lazy.timer != nil {
-		t.Fatalf("lazy expiry: %v timer %v", ctx.Err(), lazy.timer)
+	if ctx.Err() != context.DeadlineExceeded || lazy.watched {
+		t.Fatalf("lazy expiry: %v, watched %v", ctx.Err(), lazy.watched)
 	}
 	select {
 	case <-ctx.Done():
 	default:
 		t.Fatal("Done of an expired context is open")
+	}
+}
+
+// TestOpCtxDeadlines arms many contexts at once with different timeouts,
+// as concurrent requests do: those still armed at their deadline expire
+// (Done closes, a derived context is cancelled), those disarmed before it
+// never do, and the list is left empty.
+func TestOpCtxDeadlines(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	ctxs := make([]opCtx, n)
+	var wg sync.WaitGroup
+	for i := range ctxs {
+		c := &ctxs[i]
+		timeout := time.Duration(20+i%7*15) * time.Millisecond
+		ctx := c.arm(context.Background(), timeout)
+		child, stop := context.WithCancel(ctx)
+		defer stop()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 1 {
+				// Disarmed well before its deadline: it must not expire.
+				done := ctx.Done()
+				c.disarm()
+				select {
+				case <-done:
+					t.Errorf("context %d closed after disarm", i)
+				case <-time.After(timeout + 50*time.Millisecond):
+				}
+				return
+			}
+			select {
+			case <-child.Done():
+			case <-time.After(5 * time.Second):
+				t.Errorf("context %d: not expired 5 s after a %v deadline", i, timeout)
+				return
+			}
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				t.Errorf("context %d: %v", i, ctx.Err())
+			}
+			c.disarm()
+		}()
+	}
+	wg.Wait()
+	deadlines.mu.Lock()
+	defer deadlines.mu.Unlock()
+	for c := deadlines.head; c != nil; c = c.next {
+		for i := range ctxs {
+			if c == &ctxs[i] {
+				t.Errorf("context %d is still watched", i)
+			}
+		}
 	}
 }
