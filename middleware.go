@@ -597,23 +597,30 @@ func (m *middleware) storedHeader(h http.Header) http.Header {
 	return out
 }
 
-// renewer heartbeats the lease every Lease/3 while the handler runs, on a
-// timer rather than a goroutine per request.
+// renewer heartbeats the lease every Lease/3 while the handler runs, on an
+// alarm of the process-wide list rather than a goroutine or a runtime timer
+// per request.
 type renewer struct {
 	a       *attempt
 	mu      sync.Mutex
 	stopped bool
-	t       *time.Timer
+	alarm   alarm
 }
 
 func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	rn.t = time.AfterFunc(a.m.cfg.Lease/3, rn.fire)
+	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.m.cfg.Lease/3), 0)
 }
 
-func (rn *renewer) fire() {
+// alarmed renews the lease in a goroutine of its own: the list calls its
+// alarms back one after the other.
+func (rn *renewer) alarmed(uint64) {
+	go rn.renew()
+}
+
+func (rn *renewer) renew() {
 	a, m := rn.a, rn.a.m
 	rn.mu.Lock()
 	stopped := rn.stopped
@@ -635,7 +642,7 @@ func (rn *renewer) fire() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		rn.t.Reset(m.cfg.Lease / 3)
+		procAlarms.set(&rn.alarm, rn, time.Now().Add(m.cfg.Lease/3), 0)
 	}
 	rn.mu.Unlock()
 }
@@ -644,11 +651,11 @@ func (rn *renewer) fire() {
 func (rn *renewer) stop() {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.stopped || rn.t == nil {
+	if rn.stopped || rn.a == nil {
 		return
 	}
 	rn.stopped = true
-	rn.t.Stop()
+	procAlarms.cancel(&rn.alarm)
 }
 
 func (m *middleware) endpoint(r *http.Request) string {

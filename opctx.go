@@ -16,10 +16,9 @@ import (
 // It costs the hot path nothing it does not use: embedded in the attempt, it
 // is one allocation with the request, and its channel is made only when a
 // store asks for Done (a network store does; the memory store only asks
-// Err, which compares the clock with the deadline). Its expiry is watched by
-// one process-wide list (see deadlines), not by a runtime timer per call:
-// starting and stopping a timer on every store call costs a network store
-// measurably. It implements AfterFunc, so contexts a store derives from it
+// Err, which compares the clock with the deadline). Its expiry is an alarm
+// of the process-wide list (see procAlarms), not a runtime timer per call.
+// It implements AfterFunc, so contexts a store derives from it
 // are cancelled without a watcher goroutine each (see context.AfterFunc).
 type opCtx struct {
 	context.Context // values only: Deadline, Done and Err are opCtx's own
@@ -29,14 +28,11 @@ type opCtx struct {
 	deadline time.Time // zero until start
 	armed    bool      // between arm and disarm
 	gen      uint64    // counts arms, so a late expiry cannot hit a later call
-	watched  bool      // in deadlines for this arm
+	watched  bool      // its alarm is set for this arm
+	alarm    alarm
 	done     chan struct{}
 	err      error
 	funcs    []*afterFunc // usually one: a network store's watcher
-
-	// prev and next link the context into deadlines while watched; they
-	// belong to deadlines.mu.
-	prev, next *opCtx
 }
 
 type afterFunc struct {
@@ -51,7 +47,7 @@ func (c *opCtx) arm(values context.Context, d time.Duration) context.Context {
 	defer c.mu.Unlock()
 	c.Context = values
 	if c.watched { // armed again without disarm
-		deadlines.remove(c)
+		procAlarms.cancel(&c.alarm)
 	}
 	if c.err != nil {
 		c.done, c.err, c.funcs = nil, nil, nil
@@ -78,29 +74,28 @@ func (c *opCtx) disarm() {
 	defer c.mu.Unlock()
 	c.armed = false
 	if c.watched {
-		deadlines.remove(c)
+		procAlarms.cancel(&c.alarm)
 		c.watched = false
 	}
 }
 
-// tick has deadlines watch this arm. c.mu is held.
+// tick sets the alarm of this arm. c.mu is held.
 func (c *opCtx) tick() {
 	if !c.armed || c.watched || c.err != nil {
 		return
 	}
 	c.watched = true
-	deadlines.add(c, c.start())
+	procAlarms.set(&c.alarm, c, c.start(), c.gen)
 }
 
-// expireArm expires the context if it is still on arm gen. deadlines calls
-// it without its own lock held.
-func (c *opCtx) expireArm(gen uint64) {
+// alarmed expires the context if it is still on arm gen.
+func (c *opCtx) alarmed(gen uint64) {
 	c.mu.Lock()
 	if !c.armed || c.gen != gen || c.err != nil {
 		c.mu.Unlock()
 		return
 	}
-	c.watched = false // deadlines dropped it
+	c.watched = false // the alarm has fired
 	funcs := c.expireLocked()
 	c.mu.Unlock()
 	for _, af := range funcs {
@@ -185,96 +180,4 @@ func (af *afterFunc) stop() bool {
 	}
 	c.funcs = slices.Delete(c.funcs, i, i+1)
 	return true
-}
-
-// deadlines watches the deadlines of every armed opCtx a store waits on, in
-// the process, with one timer set to the earliest of them. Adding and
-// removing a context is a few pointer writes under a mutex; the timer is
-// reset only when a context's deadline comes before the one it is set to,
-// which under steady load (deadlines in the order the calls started) is
-// when the list was empty. When it fires it expires every context past its
-// deadline and sets itself to the earliest one left.
-var deadlines deadlineList
-
-type deadlineList struct {
-	mu    sync.Mutex
-	head  *opCtx
-	timer *time.Timer
-	next  time.Time // what the timer is set to; zero when stopped
-}
-
-// add watches c until deadline. c.mu is held.
-func (l *deadlineList) add(c *opCtx, deadline time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c.prev, c.next = nil, l.head
-	if l.head != nil {
-		l.head.prev = c
-	}
-	l.head = c
-	if l.next.IsZero() || deadline.Before(l.next) {
-		l.set(deadline)
-	}
-}
-
-// remove stops watching c. c.mu is held.
-func (l *deadlineList) remove(c *opCtx) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.unlink(c)
-}
-
-// unlink takes c out of the list. l.mu is held.
-func (l *deadlineList) unlink(c *opCtx) {
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else if l.head == c {
-		l.head = c.next
-	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	}
-	c.prev, c.next = nil, nil
-}
-
-// set points the timer at t. l.mu is held.
-func (l *deadlineList) set(t time.Time) {
-	l.next = t
-	if l.timer == nil {
-		l.timer = time.AfterFunc(time.Until(t), l.fire)
-		return
-	}
-	l.timer.Reset(time.Until(t))
-}
-
-// fire expires the contexts past their deadline.
-func (l *deadlineList) fire() {
-	type due struct {
-		c   *opCtx
-		gen uint64
-	}
-	var expired []due
-	l.mu.Lock()
-	now := time.Now()
-	var earliest time.Time
-	for c := l.head; c != nil; {
-		next := c.next
-		// c.deadline and c.gen are stable while c is listed: they change
-		// only in arm, and a listed context is removed (disarm) first.
-		if !now.Before(c.deadline) {
-			l.unlink(c)
-			expired = append(expired, due{c, c.gen})
-		} else if earliest.IsZero() || c.deadline.Before(earliest) {
-			earliest = c.deadline
-		}
-		c = next
-	}
-	l.next = time.Time{}
-	if !earliest.IsZero() {
-		l.set(earliest)
-	}
-	l.mu.Unlock()
-	for _, d := range expired {
-		d.c.expireArm(d.gen)
-	}
 }

@@ -113,11 +113,11 @@ func TestOpCtxDeadlines(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	deadlines.mu.Lock()
-	defer deadlines.mu.Unlock()
-	for c := deadlines.head; c != nil; c = c.next {
+	procAlarms.mu.Lock()
+	defer procAlarms.mu.Unlock()
+	for a := procAlarms.head; a != nil; a = a.next {
 		for i := range ctxs {
-			if c == &ctxs[i] {
+			if a == &ctxs[i].alarm {
 				t.Errorf("context %d is still watched", i)
 			}
 		}

@@ -1,0 +1,124 @@
+package idem
+
+import (
+	"sync"
+	"time"
+)
+
+// alarms calls its entries back at their due time, with one runtime timer
+// for the whole process set to the earliest of them. Every store call that
+// waits (its deadline) and every running handler (its lease heartbeat)
+// needs a timer; starting and stopping a runtime timer for each costs a
+// network store several per cent of its throughput on two cores, while
+// adding an alarm to the list and removing it is a few pointer writes under
+// a mutex. The timer is reset only when an alarm is due before the time it
+// is set to, which under steady load (alarms due in the order they were
+// set) is when the list was empty. When it fires it takes every alarm that
+// is due off the list and calls them back, then sets itself to the earliest
+// one left.
+var procAlarms alarmList
+
+// alarm is an entry of the list, embedded in its owner.
+type alarm struct {
+	owner alarmOwner
+	due   time.Time
+	gen   uint64 // the owner's generation when set, passed back to it
+	// prev and next link the alarm while it is listed; they and listed
+	// belong to alarmList.mu.
+	prev, next *alarm
+	listed     bool
+}
+
+// alarmOwner is called back, without the list's lock, when an alarm it set
+// for generation gen is due. It must not block: it starts a goroutine for
+// slow work.
+type alarmOwner interface {
+	alarmed(gen uint64)
+}
+
+type alarmList struct {
+	mu    sync.Mutex
+	head  *alarm
+	timer *time.Timer
+	next  time.Time // what the timer is set to; zero when stopped
+}
+
+// set lists a, which must not be listed, to call owner.alarmed(gen) at due.
+func (l *alarmList) set(a *alarm, owner alarmOwner, due time.Time, gen uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a.owner, a.due, a.gen = owner, due, gen
+	a.prev, a.next, a.listed = nil, l.head, true
+	if l.head != nil {
+		l.head.prev = a
+	}
+	l.head = a
+	if l.next.IsZero() || due.Before(l.next) {
+		l.reset(due)
+	}
+}
+
+// cancel takes a off the list and reports whether it was still listed
+// (false: it was never set, was cancelled, or has fired).
+func (l *alarmList) cancel(a *alarm) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !a.listed {
+		return false
+	}
+	l.unlink(a)
+	return true
+}
+
+// unlink takes a listed alarm off the list. l.mu is held.
+func (l *alarmList) unlink(a *alarm) {
+	if a.prev != nil {
+		a.prev.next = a.next
+	} else {
+		l.head = a.next
+	}
+	if a.next != nil {
+		a.next.prev = a.prev
+	}
+	a.prev, a.next, a.listed = nil, nil, false
+}
+
+// reset points the timer at t. l.mu is held.
+func (l *alarmList) reset(t time.Time) {
+	l.next = t
+	if l.timer == nil {
+		l.timer = time.AfterFunc(time.Until(t), l.fire)
+		return
+	}
+	l.timer.Reset(time.Until(t))
+}
+
+// fire calls back the alarms that are due.
+func (l *alarmList) fire() {
+	type due struct {
+		owner alarmOwner
+		gen   uint64
+	}
+	var calls []due
+	l.mu.Lock()
+	now := time.Now()
+	var earliest time.Time
+	for a := l.head; a != nil; {
+		next := a.next
+		if !now.Before(a.due) {
+			l.unlink(a)
+			calls = append(calls, due{a.owner, a.gen})
+		} else if earliest.IsZero() || a.due.Before(earliest) {
+			earliest = a.due
+		}
+		a = next
+	}
+	l.next = time.Time{}
+	if !earliest.IsZero() {
+		l.reset(earliest)
+	}
+	l.mu.Unlock()
+	for _, c := range calls {
+		c.owner.alarmed(c.gen)
+	}
+}
