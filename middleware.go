@@ -734,12 +734,6 @@ type attempt struct {
 	// *execution is set when the request runs the handler.
 	*execution
 
-	// recoveryPoint is the last committed phase (transactional mode).
-	recoveryPoint string
-	// tx is the lazily begun business transaction (transactional mode).
-	txOnce sync.Once
-	tx     idemstore.Tx
-	txErr  error
 }
 
 // execution is the part of an attempt only a request that runs the handler
@@ -750,6 +744,13 @@ type execution struct {
 	response   idemstore.Response
 	rec        recorder
 	renewer    renewer
+
+	// recoveryPoint is the last committed phase (transactional mode).
+	recoveryPoint string
+	// tx is the lazily begun business transaction (transactional mode).
+	txOnce sync.Once
+	tx     idemstore.Tx
+	txErr  error
 }
 
 // beginTx returns the function that begins the request's business

@@ -33,6 +33,7 @@ type opCtx struct {
 	done     chan struct{}
 	err      error
 	funcs    []*afterFunc // usually one: a network store's watcher
+	funcs1   [1]*afterFunc // funcs' first backing array
 }
 
 type afterFunc struct {
@@ -164,6 +165,9 @@ func (c *opCtx) AfterFunc(f func()) (stop func() bool) {
 		return func() bool { return false }
 	}
 	af := &afterFunc{f: f, c: c}
+	if c.funcs == nil {
+		c.funcs = c.funcs1[:0]
+	}
 	c.funcs = append(c.funcs, af)
 	c.tick()
 	return af.stop

@@ -459,7 +459,7 @@ type recordScan struct {
 	state  string
 	les    string
 	status *int32
-	header []byte
+	header *string
 	body   []byte
 }
 
@@ -472,13 +472,19 @@ func (rs *recordScan) dest(before ...any) []any {
 }
 
 func (rs *recordScan) record() (*idemstore.Record, error) {
-	rec := rs.rec
+	// One allocation for the record and its response.
+	b := &struct {
+		rec  idemstore.Record
+		resp idemstore.Response
+	}{rec: rs.rec}
+	rec := &b.rec
 	rec.State = idemstore.State(rs.state)
 	rec.LeaseExpiredState = idemstore.State(rs.les)
 	if rs.status != nil {
-		resp := &idemstore.Response{Status: int(*rs.status), Body: rs.body}
+		resp := &b.resp
+		*resp = idemstore.Response{Status: int(*rs.status), Body: rs.body}
 		if rs.header != nil {
-			h, err := headerjson.Decode(string(rs.header))
+			h, err := headerjson.Decode(*rs.header)
 			if err != nil {
 				return nil, fmt.Errorf("decoding stored header: %w", err)
 			}
@@ -486,7 +492,7 @@ func (rs *recordScan) record() (*idemstore.Record, error) {
 		}
 		rec.Response = resp
 	}
-	return &rec, nil
+	return rec, nil
 }
 
 // encodedResponse is a response as the statements take it.

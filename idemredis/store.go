@@ -425,7 +425,13 @@ func recordFromMap(m map[string]string) (*idemstore.Record, error) {
 
 // record decodes the fields.
 func (f *recordFields) record() (*idemstore.Record, error) {
-	r := &idemstore.Record{
+	// One allocation for the record and its response.
+	b := &struct {
+		rec  idemstore.Record
+		resp idemstore.Response
+	}{}
+	r := &b.rec
+	*r = idemstore.Record{
 		Identity: idemstore.Identity{
 			Scope:    f.scope,
 			Endpoint: f.endpoint,
@@ -462,7 +468,8 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 		return nil, fmt.Errorf("decoding record field attempts: %w", err)
 	}
 	if f.hasStatus && !r.NotReplayable {
-		resp := &idemstore.Response{Body: []byte(f.body)}
+		resp := &b.resp
+		resp.Body = []byte(f.body)
 		if resp.Status, err = strconv.Atoi(f.status); err != nil {
 			return nil, fmt.Errorf("decoding record field status: %w", err)
 		}
