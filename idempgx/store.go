@@ -459,7 +459,7 @@ type recordScan struct {
 	state  string
 	les    string
 	status *int32
-	header *string
+	header []byte
 	body   []byte
 }
 
@@ -484,7 +484,7 @@ func (rs *recordScan) record() (*idemstore.Record, error) {
 		resp := &b.resp
 		*resp = idemstore.Response{Status: int(*rs.status), Body: rs.body}
 		if rs.header != nil {
-			h, err := headerjson.Decode(*rs.header)
+			h, err := headerjson.Decode(string(rs.header))
 			if err != nil {
 				return nil, fmt.Errorf("decoding stored header: %w", err)
 			}
