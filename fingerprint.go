@@ -157,6 +157,9 @@ func (f *fingerprinter) appendQuery(buf []byte, rawQuery string) []byte {
 // application/json or any type/subtype+json, in any case, with any
 // parameters.
 func isJSONMediaType(contentType string) bool {
+	if contentType == "application/json" {
+		return true // the common case, without parsing
+	}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.Trim(mt, " \t")
 	slash := strings.IndexByte(mt, '/')

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,7 +43,7 @@ type middleware struct {
 	waiter  idemstore.Waiter  // nil when the store cannot notify
 	txStore idemstore.TxStore // set in transactional mode
 	cfg     Config
-	methods map[string]bool
+	methods []string // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	log     *slog.Logger
 	hub     hub
@@ -56,7 +57,6 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 	m := &middleware{
 		store:   store,
 		cfg:     cfg,
-		methods: make(map[string]bool),
 		stored:  make(map[string]bool),
 		log:     cfg.Logger,
 	}
@@ -71,7 +71,9 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 		m.txStore = ts
 	}
 	for _, meth := range cfg.Methods {
-		m.methods[strings.ToUpper(meth)] = true
+		if meth = strings.ToUpper(meth); !slices.Contains(m.methods, meth) {
+			m.methods = append(m.methods, meth)
+		}
 	}
 	for _, h := range cfg.StoredHeaders {
 		name := http.CanonicalHeaderKey(h)
@@ -97,7 +99,7 @@ var neverStored = map[string]bool{
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.methods[r.Method] {
+	if !slices.Contains(m.methods, r.Method) {
 		next.ServeHTTP(w, r)
 		return
 	}
