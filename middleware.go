@@ -583,12 +583,19 @@ func (m *middleware) storeCall(op string, start time.Time, err error) {
 	}
 }
 
+// storedHeader returns the headers of h that are stored for replay. When
+// all of them are (a handler that sets Content-Type and Location, say), it
+// returns h itself: stores copy or serialise what they keep, and nothing
+// changes h while the store call runs.
 func (m *middleware) storedHeader(h http.Header) http.Header {
 	n := 0
 	for name := range h {
 		if m.stored[name] {
 			n++
 		}
+	}
+	if n == len(h) {
+		return h
 	}
 	out := make(http.Header, n)
 	for name, vs := range h {

@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +59,23 @@ type Store struct {
 	// sweepFrom rotates the first bucket KeySweep reads, so that a bucket
 	// full of expired leases does not starve the others.
 	sweepFrom atomic.Uint32
+	keys      keyCache
+}
+
+// keyCache remembers the keys of recently named records: a request names
+// its record at least twice (reserve, then complete or release), a retry
+// names it again, and building the names costs a SHA-256 and an
+// allocation. A slot holds one identity; another identity that hashes to
+// the same slot replaces it.
+type keyCache struct {
+	seed  maphash.Seed
+	slots [256]keySlot
+}
+
+type keySlot struct {
+	mu   sync.Mutex
+	id   idemstore.Identity
+	keys recordKeys
 }
 
 var (
@@ -78,7 +97,9 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Store{client: client, prefix: c.Prefix, now: c.Now}
+	st := &Store{client: client, prefix: c.Prefix, now: c.Now}
+	st.keys.seed = maphash.MakeSeed()
+	return st
 }
 
 // recordKeys are the names of one record's keys and channel.
@@ -92,6 +113,22 @@ type recordKeys struct {
 
 // keysOf returns the keys of the record named id.
 func (s *Store) keysOf(id idemstore.Identity) recordKeys {
+	slot := &s.keys.slots[maphash.String(s.keys.seed, id.Key)%uint64(len(s.keys.slots))]
+	slot.mu.Lock()
+	hit, k := slot.id == id && slot.keys.record != "", slot.keys
+	slot.mu.Unlock()
+	if hit {
+		return k
+	}
+	k = s.newKeys(id)
+	slot.mu.Lock()
+	slot.id, slot.keys = id, k
+	slot.mu.Unlock()
+	return k
+}
+
+// newKeys builds the keys of the record named id.
+func (s *Store) newKeys(id idemstore.Identity) recordKeys {
 	// The hash input is each field's length (8 bytes, big endian) then its
 	// bytes; it is built in one buffer, on the stack when small.
 	var stack [256]byte
