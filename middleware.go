@@ -493,9 +493,9 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	if err == nil {
 		err = tx.KeyComplete(ctx, m.completeParams(a, rw))
 		if err == nil {
-			start := time.Now()
+			start := m.clockStart()
 			err = tx.Commit(ctx)
-			m.cfg.Metrics.StoreCall("commit", time.Since(start), err)
+			m.storeCall("commit", start, err)
 			if err != nil {
 				// Releasing is safe whatever the commit did: the release is
 				// fenced on an in_progress record, and a committed
@@ -638,9 +638,9 @@ func (rn *renewer) renew() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
-	start := time.Now()
+	start := m.clockStart()
 	err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
-	m.cfg.Metrics.StoreCall("renew", time.Since(start), err)
+	m.storeCall("renew", start, err)
 	cancel()
 	if errors.Is(err, idemstore.ErrLeaseLost) {
 		m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
