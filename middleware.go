@@ -43,7 +43,7 @@ type middleware struct {
 	waiter  idemstore.Waiter  // nil when the store cannot notify
 	txStore idemstore.TxStore // set in transactional mode
 	cfg     Config
-	methods []string // covered methods, upper case: a few, so a scan beats a map
+	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	log     *slog.Logger
 	hub     hub
@@ -55,10 +55,10 @@ type middleware struct {
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
 	cfg := c.withDefaults()
 	m := &middleware{
-		store:   store,
-		cfg:     cfg,
-		stored:  make(map[string]bool),
-		log:     cfg.Logger,
+		store:  store,
+		cfg:    cfg,
+		stored: make(map[string]bool),
+		log:    cfg.Logger,
 	}
 	_, nop := cfg.Metrics.(nopMetrics)
 	m.timed = !nop
@@ -742,7 +742,6 @@ type attempt struct {
 	params idemstore.ReserveParams
 	// *execution is set when the request runs the handler.
 	*execution
-
 }
 
 // execution is the part of an attempt only a request that runs the handler

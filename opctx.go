@@ -32,7 +32,7 @@ type opCtx struct {
 	alarm    alarm
 	done     chan struct{}
 	err      error
-	funcs    []*afterFunc // usually one: a network store's watcher
+	funcs    []*afterFunc  // usually one: a network store's watcher
 	funcs1   [1]*afterFunc // funcs' first backing array
 }
 

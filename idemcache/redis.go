@@ -2,9 +2,6 @@ package idemcache
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -47,14 +44,7 @@ func NewRedis(client redis.UniversalClient, prefix string) *Redis {
 
 // key returns the Redis key of id.
 func (c *Redis) key(id idemstore.Identity) string {
-	h := sha256.New()
-	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write([]byte(f))
-	}
-	return c.prefix + hex.EncodeToString(h.Sum(nil))
+	return c.prefix + id.Hash()
 }
 
 // Get returns the cached record of id, or nil. An entry that does not decode

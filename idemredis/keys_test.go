@@ -1,7 +1,6 @@
 package idemredis
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -16,16 +15,13 @@ import (
 // allocation: the reference the new one must match exactly (the key layout
 // is persistent).
 func legacyKeysOf(prefix string, id idemstore.Identity) recordKeys {
-	h := sha256.New()
-	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write([]byte(f))
+	member := id.Hash() // the length-prefixed SHA-256 of the identity
+	sum, err := hex.DecodeString(member)
+	if err != nil {
+		panic(err)
 	}
-	sum := h.Sum(nil)
 	bucket := int(binary.BigEndian.Uint16(sum)) % bucketCount
-	return legacyBucketKeys(prefix, bucket, hex.EncodeToString(sum))
+	return legacyBucketKeys(prefix, bucket, member)
 }
 
 func legacyBucketKeys(prefix string, bucket int, member string) recordKeys {
