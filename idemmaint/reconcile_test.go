@@ -443,7 +443,9 @@ func TestReconcilePassTimeout(t *testing.T) {
 			<-ctx.Done()
 			return Resolution{}, ctx.Err()
 		}
-		m := b.newMaintainer(&Config{Reconcile: reconcile, PassTimeout: 50 * time.Millisecond})
+		// Long enough for the listing before the reconciler, under -race
+		// and a loaded machine (50 ms was not, on Redis, once in CI).
+		m := b.newMaintainer(&Config{Reconcile: reconcile, PassTimeout: time.Second})
 		res, err := m.Reconcile(b.ctx)
 		if !errors.Is(err, context.DeadlineExceeded) || res.Attempted != 1 || res.Unresolved != 0 {
 			t.Fatalf("Reconcile = %+v, %v; want a deadline error and no unresolved attempt", res, err)
