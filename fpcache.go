@@ -44,14 +44,16 @@ func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string
 		return Fingerprint(method, endpoint, query, contentType, body, fc)
 	}
 	c.mu.Lock()
-	e, ok := c.cur[string(body)]
-	if !ok {
-		if e, ok = c.old[string(body)]; ok && e.matches(method, endpoint, query, scope) {
-			c.put(string(body), e)
-		}
+	e, inCur := c.cur[string(body)]
+	if !inCur {
+		e = c.old[string(body)]
+	}
+	hit := e.fp != "" && e.matches(method, endpoint, query, scope)
+	if hit && !inCur {
+		c.put(string(body), e) // keep it past the next turn of generations
 	}
 	c.mu.Unlock()
-	if ok && e.matches(method, endpoint, query, scope) {
+	if hit {
 		return e.fp
 	}
 	fp := Fingerprint(method, endpoint, query, contentType, body, fc)
