@@ -226,11 +226,40 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		return nil, errors.New("reserving key: empty reply")
 	}
 	reserved, _ := vals[0].(int64)
+	if reserved == 1 && len(vals) == 1 {
+		return newRecord(p, les, now), nil
+	}
 	rec, err := recordFromFlat(vals[1:])
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
 	}
 	return &idemstore.ReserveResult{Reserved: reserved == 1, Record: rec}, nil
+}
+
+// newRecord is the result of a reservation that inserted a new record: the
+// record reserve.lua wrote from the arguments, with its times at the
+// microsecond precision it stores them in.
+func newRecord(p *idemstore.ReserveParams, les idemstore.State, now time.Time) *idemstore.ReserveResult {
+	at := func(t time.Time) time.Time { return time.UnixMicro(t.UnixMicro()) }
+	b := &struct { // one allocation
+		res idemstore.ReserveResult
+		rec idemstore.Record
+	}{}
+	b.rec = idemstore.Record{
+		Identity:          p.Identity,
+		Fingerprint:       p.Fingerprint,
+		State:             idemstore.StateInProgress,
+		Token:             p.Token,
+		LeaseExpiredState: les,
+		LockedUntil:       at(now.Add(p.Lease)),
+		StartedAt:         at(now),
+		CreatedAt:         at(now),
+		UpdatedAt:         at(now),
+		ExpiresAt:         at(now.Add(p.TTL)),
+		Attempts:          1,
+	}
+	b.res = idemstore.ReserveResult{Reserved: true, Record: &b.rec}
+	return &b.res
 }
 
 // KeyGet returns the record, or idemstore.ErrNotFound. It reads with one

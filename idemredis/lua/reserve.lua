@@ -8,7 +8,8 @@
 -- ARGV[5] fingerprint, ARGV[6] token, ARGV[7] locked_until,
 -- ARGV[8] lease_expired_state, ARGV[9] expires_at, ARGV[10] Redis TTL in ms,
 -- ARGV[11] index member, ARGV[12] channel, ARGV[13] prune horizon
--- Returns {reserved (0 or 1), field, value, ...}.
+-- Returns {1} for a new record (made of the arguments alone), otherwise
+-- {reserved (0 or 1), field, value, ...}.
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
 
@@ -36,7 +37,8 @@ if not r then
     redis.call('ZREM', KEYS[3], m)
   end
   redis.call('ZADD', KEYS[3], ARGV[9], ARGV[11])
-  return {1, unpack(redis.call('HGETALL', KEYS[1]))}
+  -- The record is exactly what the arguments say: the caller builds it.
+  return {1}
 end
 
 if lease_expired(r, now) then
