@@ -202,6 +202,12 @@ func micros(t time.Time) string {
 	return strconv.FormatInt(t.UnixMicro(), 10)
 }
 
+// us is t in Unix microseconds as a script argument: go-redis sends an
+// int64 in decimal, as micros spells it, without the string.
+func us(t time.Time) int64 {
+	return t.UnixMicro()
+}
+
 // KeyReserve atomically inserts a new in_progress record, takes over a
 // released one (with the same fingerprint) or an expired lease that turns
 // released, and otherwise returns the existing record. One script, one
@@ -215,9 +221,9 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	k := s.keysOf(p.Identity)
 	ttl := max(p.TTL, 0) + ttlSlack
 	vals, err := reserveScript.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
-		micros(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
-		micros(now.Add(p.Lease)), string(les), micros(now.Add(p.TTL)),
-		ttl.Milliseconds(), k.member, k.channel, micros(now.Add(-pruneAfter)),
+		us(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+		us(now.Add(p.Lease)), string(les), us(now.Add(p.TTL)),
+		ttl.Milliseconds(), k.member, k.channel, us(now.Add(-pruneAfter)),
 	).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
@@ -297,7 +303,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	}
 	k := s.keysOf(p.Identity)
 	err = completeScript.Run(ctx, s.client, []string{k.record, k.index},
-		micros(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
+		us(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
 		k.member, k.channel,
 	).Err()
 	if err != nil {
@@ -326,7 +332,7 @@ func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error 
 func (s *Store) finish(ctx context.Context, script *redis.Script, what string, p *idemstore.FinishParams) error {
 	k := s.keysOf(p.Identity)
 	err := script.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
-		micros(s.now()), p.Token, k.member, k.channel,
+		us(s.now()), p.Token, k.member, k.channel,
 	).Err()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, interpretError(err))
@@ -340,7 +346,7 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	now := s.now()
 	k := s.keysOf(p.Identity)
 	err := renewScript.Run(ctx, s.client, []string{k.record, k.index},
-		micros(now), p.Token, micros(now.Add(p.Lease)), k.member,
+		us(now), p.Token, us(now.Add(p.Lease)), k.member,
 	).Err()
 	if err != nil {
 		return fmt.Errorf("renewing key: %w", interpretError(err))
@@ -360,7 +366,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	}
 	k := s.keysOf(p.Identity)
 	err = resolveScript.Run(ctx, s.client, []string{k.record, k.index},
-		micros(s.now()), p.Token, string(p.To),
+		us(s.now()), p.Token, string(p.To),
 		resp.notReplayable, resp.status, resp.header, resp.body,
 		k.member, k.channel,
 	).Err()
@@ -388,28 +394,42 @@ func interpretError(err error) error {
 	return err
 }
 
-// encodedResponse is a response as the scripts take it.
+// encodedResponse is a response as the scripts take it. The fields are
+// script arguments, boxed once here: the flag and the status from tables of
+// interface values that need no allocation.
 type encodedResponse struct {
-	notReplayable string // "1" or "0"
-	status        string
-	header        string // JSON of http.Header
-	body          []byte
+	notReplayable any // "1" or "0"
+	status        any // decimal, or "" when not replayable
+	header        any // JSON of http.Header, []byte or ""
+	body          any // []byte or ""
 }
+
+var (
+	argTrue, argFalse, argEmpty any = "1", "0", ""
+	// statusArgs are the statuses net/http lets a handler write.
+	statusArgs = func() (t [1000]any) {
+		for i := range t {
+			t[i] = strconv.Itoa(i)
+		}
+		return t
+	}()
+)
 
 func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse, error) {
 	if notReplayable || r == nil {
-		return encodedResponse{notReplayable: "1"}, nil
+		return encodedResponse{notReplayable: argTrue, status: argEmpty, header: argEmpty, body: argEmpty}, nil
 	}
 	header, err := headerjson.Encode(r.Header)
 	if err != nil {
 		return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
 	}
-	return encodedResponse{
-		notReplayable: "0",
-		status:        strconv.Itoa(r.Status),
-		header:        string(header),
-		body:          r.Body,
-	}, nil
+	var status any
+	if r.Status >= 0 && r.Status < len(statusArgs) {
+		status = statusArgs[r.Status]
+	} else {
+		status = strconv.Itoa(r.Status)
+	}
+	return encodedResponse{notReplayable: argFalse, status: status, header: header, body: r.Body}, nil
 }
 
 // recordFields are a record hash's values, as strings, before decoding.
