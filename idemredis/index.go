@@ -137,7 +137,7 @@ func (s *Store) drainIndex(ctx context.Context, suffix, maxScore string, limit i
 // evalEach runs script once per candidate in one pipeline and returns the
 // commands, in order. A candidate whose EVALSHA found no script (a node
 // restarted or flushed its scripts) is run again with Script.Run.
-func (s *Store) evalEach(ctx context.Context, script *redis.Script, cands []recordKeys, params func(recordKeys) ([]string, []any)) []*redis.Cmd {
+func (s *Store) evalEach(ctx context.Context, script *script, cands []recordKeys, params func(recordKeys) ([]string, []any)) []*redis.Cmd {
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(cands))
 	for i, k := range cands {

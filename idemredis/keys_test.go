@@ -60,8 +60,14 @@ func TestKeysMatchLegacy(t *testing.T) {
 			prefix = "idem:" // New's default
 		}
 		for _, id := range ids {
-			if got, want := s.keysOf(id), legacyKeysOf(prefix, id); got != want {
+			got, want := s.keysOf(id), legacyKeysOf(prefix, id)
+			args := got.args
+			got.args = nil
+			if got != want {
 				t.Fatalf("keysOf(%q) with prefix %q = %+v, want %+v", id, prefix, got, want)
+			}
+			if args == nil || *args != [5]any{want.record, want.index, want.expiry, want.member, want.channel} {
+				t.Fatalf("keysOf(%q) boxed %v, want its names", id, args)
 			}
 		}
 		for bucket := range bucketCount {

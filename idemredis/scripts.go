@@ -1,6 +1,7 @@
 package idemredis
 
 import (
+	"context"
 	"embed"
 
 	"github.com/redis/go-redis/v9"
@@ -24,7 +25,14 @@ var (
 	reapScript        = loadScript("reap.lua")
 )
 
-func loadScript(name string) *redis.Script {
+// script is a Lua script with its digest and source boxed once as command
+// arguments.
+type script struct {
+	*redis.Script
+	hash, src any
+}
+
+func loadScript(name string) *script {
 	lib, err := luaFiles.ReadFile("lua/lib.lua")
 	if err != nil {
 		panic(err)
@@ -33,5 +41,33 @@ func loadScript(name string) *redis.Script {
 	if err != nil {
 		panic(err)
 	}
-	return redis.NewScript(string(lib) + "\n" + string(src))
+	sc := redis.NewScript(string(lib) + "\n" + string(src))
+	return &script{Script: sc, hash: sc.Hash(), src: string(lib) + "\n" + string(src)}
+}
+
+// The command names and key counts, boxed once.
+var (
+	argEvalSha, argEval any = "evalsha", "eval"
+	argKeys2, argKeys3  any = 2, 3
+)
+
+// run runs sc as Script.Run does (EVALSHA, then EVAL when the node does not
+// know the script) with the command built here: call is the whole command,
+// its first three elements left for run to fill (command, script, number of
+// keys), then nkeys keys, then the arguments. Building it in one slice of
+// arguments that the caller boxed once (a record's key names are boxed when
+// they are named, see recordKeys) spares the hot path most of the
+// allocations of cmdable.EvalSha, which copies and boxes them all again.
+func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *redis.Cmd {
+	call[0], call[1], call[2] = argEvalSha, sc.hash, nkeys
+	cmd := redis.NewCmd(ctx, call...)
+	cmd.SetFirstKeyPos(3)
+	_ = s.client.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		call[0], call[1] = argEval, sc.src
+		cmd = redis.NewCmd(ctx, call...)
+		cmd.SetFirstKeyPos(3)
+		_ = s.client.Process(ctx, cmd)
+	}
+	return cmd
 }

@@ -109,6 +109,9 @@ type recordKeys struct {
 	expiry  string // the expiry index of its bucket
 	member  string // its member in the lease index
 	channel string // its pub/sub channel
+	// args are the same names boxed once as script arguments, in the
+	// order above; keysOf sets them, bucketKeys does not.
+	args *[5]any
 }
 
 // keysOf returns the keys of the record named id.
@@ -141,7 +144,9 @@ func (s *Store) newKeys(id idemstore.Identity) recordKeys {
 	bucket := int(binary.BigEndian.Uint16(sum[:])) % bucketCount
 	var member [2 * sha256.Size]byte
 	hex.Encode(member[:], sum[:])
-	return s.keysFor(bucket, member[:])
+	k := s.keysFor(bucket, member[:])
+	k.args = &[5]any{k.record, k.index, k.expiry, k.member, k.channel}
+	return k
 }
 
 // bucketKeys returns the keys of the record member of bucket.
@@ -169,13 +174,14 @@ func (s *Store) keysFor(bucket int, member []byte) recordKeys {
 	b.WriteString(":c:")
 	b.Write(member)
 	all := b.String()
-	return recordKeys{
+	k := recordKeys{
 		record:  all[:rec],
 		member:  all[tag+len(":r:") : rec],
 		index:   all[rec : rec+idx],
 		expiry:  all[rec+idx : rec+idx+exp],
 		channel: all[rec+idx+exp:],
 	}
+	return k
 }
 
 func (s *Store) bucketTag(bucket int) string {
@@ -220,11 +226,12 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	now := s.now()
 	k := s.keysOf(p.Identity)
 	ttl := max(p.TTL, 0) + ttlSlack
-	vals, err := reserveScript.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
+	a := k.args
+	vals, err := s.run(ctx, reserveScript, argKeys3, []any{nil, nil, nil, a[0], a[1], a[2],
 		us(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
-		us(now.Add(p.Lease)), string(les), us(now.Add(p.TTL)),
-		ttl.Milliseconds(), k.member, k.channel, us(now.Add(-pruneAfter)),
-	).Slice()
+		us(now.Add(p.Lease)), stateArg(les), us(now.Add(p.TTL)),
+		ttl.Milliseconds(), a[3], a[4], us(now.Add(-pruneAfter)),
+	}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 	}
@@ -302,10 +309,11 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 		return fmt.Errorf("completing key: %w", err)
 	}
 	k := s.keysOf(p.Identity)
-	err = completeScript.Run(ctx, s.client, []string{k.record, k.index},
+	a := k.args
+	err = s.run(ctx, completeScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
 		us(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
-		k.member, k.channel,
-	).Err()
+		a[3], a[4],
+	}).Err()
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
 	}
@@ -329,11 +337,11 @@ func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error 
 	return s.finish(ctx, deleteScript, "deleting key", p)
 }
 
-func (s *Store) finish(ctx context.Context, script *redis.Script, what string, p *idemstore.FinishParams) error {
-	k := s.keysOf(p.Identity)
-	err := script.Run(ctx, s.client, []string{k.record, k.index, k.expiry},
-		us(s.now()), p.Token, k.member, k.channel,
-	).Err()
+func (s *Store) finish(ctx context.Context, sc *script, what string, p *idemstore.FinishParams) error {
+	a := s.keysOf(p.Identity).args
+	err := s.run(ctx, sc, argKeys3, []any{nil, nil, nil, a[0], a[1], a[2],
+		us(s.now()), p.Token, a[3], a[4],
+	}).Err()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, interpretError(err))
 	}
@@ -345,9 +353,10 @@ func (s *Store) finish(ctx context.Context, script *redis.Script, what string, p
 func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	now := s.now()
 	k := s.keysOf(p.Identity)
-	err := renewScript.Run(ctx, s.client, []string{k.record, k.index},
-		us(now), p.Token, us(now.Add(p.Lease)), k.member,
-	).Err()
+	a := k.args
+	err := s.run(ctx, renewScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
+		us(now), p.Token, us(now.Add(p.Lease)), a[3],
+	}).Err()
 	if err != nil {
 		return fmt.Errorf("renewing key: %w", interpretError(err))
 	}
@@ -365,11 +374,12 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 		return fmt.Errorf("resolving key: %w", err)
 	}
 	k := s.keysOf(p.Identity)
-	err = resolveScript.Run(ctx, s.client, []string{k.record, k.index},
+	a := k.args
+	err = s.run(ctx, resolveScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
 		us(s.now()), p.Token, string(p.To),
 		resp.notReplayable, resp.status, resp.header, resp.body,
-		k.member, k.channel,
-	).Err()
+		a[3], a[4],
+	}).Err()
 	if err != nil {
 		return fmt.Errorf("resolving key: %w", interpretError(err))
 	}
@@ -404,7 +414,19 @@ type encodedResponse struct {
 	body          any // []byte or ""
 }
 
+// stateArg is a lease-expired state as a script argument, boxed once.
+func stateArg(st idemstore.State) any {
+	switch st {
+	case idemstore.StateUnknown:
+		return argUnknown
+	case idemstore.StateReleased:
+		return argReleased
+	}
+	return string(st)
+}
+
 var (
+	argUnknown, argReleased     any = string(idemstore.StateUnknown), string(idemstore.StateReleased)
 	argTrue, argFalse, argEmpty any = "1", "0", ""
 	// statusArgs are the statuses net/http lets a handler write.
 	statusArgs = func() (t [1000]any) {
