@@ -1,12 +1,15 @@
 package idem
 
-import "sync"
+import (
+	"hash/maphash"
+	"sync"
+)
 
-// The fingerprint cache bounds: at most fpCacheEntries bodies of at most
-// fpCacheMaxBody bytes each are remembered, so its memory stays under
-// fpCacheEntries × fpCacheMaxBody plus the map overhead (about 4 MiB).
+// The fingerprint cache bounds: fpCacheSlots slots, each remembering one
+// body of at most fpCacheMaxBody bytes, so its memory stays under
+// fpCacheSlots × fpCacheMaxBody (4 MiB) plus the slots themselves.
 const (
-	fpCacheEntries = 2048
+	fpCacheSlots   = 2048
 	fpCacheMaxBody = 2 << 10
 )
 
@@ -15,26 +18,32 @@ const (
 // canonicalised a second time: RFC 8785 canonicalisation is most of the
 // cost of a fingerprint.
 //
-// It is keyed by the exact body bytes and checked against every other input
-// of the fingerprint, so a hit returns exactly what Fingerprint would
-// compute: there is no hash to collide. The scope is part of the check, so
-// one tenant cannot learn from timing what another recently sent.
+// A hit is decided by the exact body bytes and every other input of the
+// fingerprint, so it returns exactly what Fingerprint would compute: the
+// hash only picks the slot, a collision is a miss. The scope is part of the
+// check, so one tenant cannot learn from timing what another recently sent.
 //
-// Two generations bound it: entries go into cur; when cur is full it
-// becomes old and a new cur starts; a hit in old moves the entry to cur.
+// It is direct-mapped: a body's hash picks one slot, and a miss overwrites
+// it. Each slot keeps its body in a buffer of its own that later bodies
+// reuse, so that a new request (a miss, and so an insertion) allocates
+// nothing here; the slot's lock covers the comparison and the copy.
 type fpCache struct {
-	mu       sync.Mutex
-	cur, old map[string]fpEntry // by body
+	once  sync.Once // makes seed and slots on first use
+	seed  maphash.Seed
+	slots *[fpCacheSlots]fpSlot
 }
 
-// fpEntry is what, besides the body, a cached fingerprint was computed from.
-type fpEntry struct {
+// fpSlot is one remembered fingerprint and what it was computed from.
+type fpSlot struct {
+	mu                             sync.Mutex
+	body                           []byte // a copy, owned by the slot
 	method, endpoint, query, scope string
-	fp                             string
+	fp                             string // "" while empty
 }
 
-func (e *fpEntry) matches(method, endpoint, query, scope string) bool {
-	return e.method == method && e.endpoint == endpoint && e.query == query && e.scope == scope
+func (s *fpSlot) matches(method, endpoint, query, scope string, body []byte) bool {
+	return s.fp != "" && s.method == method && s.endpoint == endpoint && s.query == query &&
+		s.scope == scope && string(s.body) == string(body)
 }
 
 // fingerprint returns Fingerprint of the request, from the cache when the
@@ -43,30 +52,24 @@ func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string
 	if len(body) == 0 || len(body) > fpCacheMaxBody || !isJSONMediaType(contentType) {
 		return Fingerprint(method, endpoint, query, contentType, body, fc)
 	}
-	c.mu.Lock()
-	e, inCur := c.cur[string(body)]
-	if !inCur {
-		e = c.old[string(body)]
+	s := c.slot(body)
+	s.mu.Lock()
+	if s.matches(method, endpoint, query, scope, body) {
+		fp := s.fp
+		s.mu.Unlock()
+		return fp
 	}
-	hit := e.fp != "" && e.matches(method, endpoint, query, scope)
-	if hit && !inCur {
-		c.put(string(body), e) // keep it past the next turn of generations
-	}
-	c.mu.Unlock()
-	if hit {
-		return e.fp
-	}
+	s.mu.Unlock()
 	fp := Fingerprint(method, endpoint, query, contentType, body, fc)
-	c.mu.Lock()
-	c.put(string(body), fpEntry{method: method, endpoint: endpoint, query: query, scope: scope, fp: fp})
-	c.mu.Unlock()
+	s.mu.Lock()
+	s.body = append(s.body[:0], body...)
+	s.method, s.endpoint, s.query, s.scope, s.fp = method, endpoint, query, scope, fp
+	s.mu.Unlock()
 	return fp
 }
 
-// put adds an entry; the caller holds c.mu.
-func (c *fpCache) put(body string, e fpEntry) {
-	if len(c.cur) >= fpCacheEntries/2 || c.cur == nil {
-		c.old, c.cur = c.cur, make(map[string]fpEntry, fpCacheEntries/2)
-	}
-	c.cur[body] = e
+// slot returns the slot of body.
+func (c *fpCache) slot(body []byte) *fpSlot {
+	c.once.Do(func() { c.seed, c.slots = maphash.MakeSeed(), new([fpCacheSlots]fpSlot) })
+	return &c.slots[maphash.Bytes(c.seed, body)%fpCacheSlots]
 }

@@ -46,22 +46,46 @@ func TestFingerprintCache(t *testing.T) {
 func TestFingerprintCacheBounded(t *testing.T) {
 	t.Parallel()
 	var c fpCache
-	for i := range 5 * fpCacheEntries {
+	for i := range 3 * fpCacheSlots {
 		body := []byte(fmt.Sprintf(`{"order":%d}`, i))
 		want := Fingerprint("POST", "POST /v1/payments", "", "application/json", body, FingerprintConfig{})
 		if got := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{}); got != want {
 			t.Fatalf("body %d: %s, want %s", i, got, want)
 		}
-		if n := len(c.cur) + len(c.old); n > fpCacheEntries {
-			t.Fatalf("after %d bodies the cache holds %d entries, more than %d", i+1, n, fpCacheEntries)
-		}
 	}
 	// A body over the size bound is fingerprinted, never kept.
 	big := []byte(`{"pad":"` + strings.Repeat("x", fpCacheMaxBody) + `"}`)
-	before := len(c.cur) + len(c.old)
 	c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", big, FingerprintConfig{})
-	if _, ok := c.cur[string(big)]; ok || len(c.cur)+len(c.old) > before {
-		t.Fatal("a body over fpCacheMaxBody was cached")
+	for i := range c.slots {
+		if s := &c.slots[i]; cap(s.body) > fpCacheMaxBody || len(s.body) > 0 && s.body[len(s.body)-1] != '}' {
+			t.Fatalf("slot %d holds %d bytes (capacity %d): %.40q", i, len(s.body), cap(s.body), s.body)
+		}
+	}
+}
+
+// TestFingerprintCacheCollision sends bodies that share a slot in turns:
+// each evicts the other, and every answer is still its own fingerprint.
+func TestFingerprintCacheCollision(t *testing.T) {
+	t.Parallel()
+	var c fpCache
+	first := []byte(`{"order":0}`)
+	slot := c.slot(first)
+	same := [][]byte{first}
+	for i := 1; len(same) < 3; i++ {
+		if body := []byte(fmt.Sprintf(`{"order":%d}`, i)); c.slot(body) == slot {
+			same = append(same, body)
+		}
+	}
+	for round := range 4 {
+		for _, body := range same {
+			want := Fingerprint("POST", "POST /v1/payments", "", "application/json", body, FingerprintConfig{})
+			if got := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{}); got != want {
+				t.Fatalf("round %d, %s: %s, want %s", round, body, got, want)
+			}
+			if string(slot.body) != string(body) {
+				t.Fatalf("round %d: the slot holds %s after %s", round, slot.body, body)
+			}
+		}
 	}
 }
 
@@ -71,5 +95,19 @@ func BenchmarkFingerprintCached(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{})
+	}
+}
+
+func BenchmarkFingerprintCacheMiss(b *testing.B) {
+	var c fpCache
+	bodies := make([][]byte, 4096)
+	for i := range bodies {
+		bodies[i] = []byte(strings.ReplaceAll(benchBody, "10042", fmt.Sprintf("%05d", i)))
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", bodies[i%len(bodies)], FingerprintConfig{})
+		i++
 	}
 }
