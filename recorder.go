@@ -28,6 +28,8 @@ type recorder struct {
 	hijacked bool
 	// sent reports that the status line went to the underlying writer.
 	sent bool
+	// contentLength backs the Content-Length value finish sets.
+	contentLength [1]string
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -159,8 +161,10 @@ func (r *recorder) finish() {
 		r.status, r.wroteHeader = http.StatusOK, true
 	}
 	if !r.streamed {
-		if r.status != http.StatusNoContent && r.status != http.StatusNotModified && r.w.Header().Get("Content-Length") == "" {
-			r.w.Header().Set("Content-Length", strconv.Itoa(len(r.buf)))
+		if h := r.w.Header(); r.status != http.StatusNoContent && r.status != http.StatusNotModified &&
+			(len(h["Content-Length"]) == 0 || h["Content-Length"][0] == "") { // h.Get without canonicalising
+			r.contentLength[0] = strconv.Itoa(len(r.buf))
+			h["Content-Length"] = r.contentLength[:]
 		}
 		r.w.WriteHeader(r.status)
 		if len(r.buf) > 0 {
