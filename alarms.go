@@ -2,6 +2,7 @@ package idem
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,13 +17,56 @@ import (
 // set) is when the list was empty. When it fires it takes every alarm that
 // is due off the list and calls them back, then sets itself to the earliest
 // one left.
-var procAlarms alarmList
+//
+// The list is sharded: an alarm goes to one of alarmShards lists, each with
+// its own lock and timer, so that the requests of a busy process (three
+// alarms set and cancelled each) do not queue on one lock.
+var procAlarms alarmShards
+
+// alarmShardCount is the number of lists; a power of two.
+const alarmShardCount = 16
+
+type alarmShards struct {
+	next   atomic.Uint32 // the list the next alarm goes to, round robin
+	shards [alarmShardCount]alarmList
+}
+
+// set lists a, which must not be listed, on one of the lists (see
+// alarmList.set).
+func (s *alarmShards) set(a *alarm, owner alarmOwner, due time.Time, gen uint64) {
+	l := &s.shards[s.next.Add(1)%alarmShardCount]
+	a.list = l
+	l.set(a, owner, due, gen)
+}
+
+// cancel takes a off its list (see alarmList.cancel).
+func (s *alarmShards) cancel(a *alarm) bool {
+	if a.list == nil {
+		return false // never set
+	}
+	return a.list.cancel(a)
+}
+
+// listed calls f with each listed alarm, each list locked in turn.
+func (s *alarmShards) listed(f func(*alarm)) {
+	for i := range s.shards {
+		l := &s.shards[i]
+		l.mu.Lock()
+		for a := l.head; a != nil; a = a.next {
+			f(a)
+		}
+		l.mu.Unlock()
+	}
+}
 
 // alarm is an entry of the list, embedded in its owner.
 type alarm struct {
 	owner alarmOwner
 	due   time.Time
 	gen   uint64 // the owner's generation when set, passed back to it
+	// list is the list it was last set on; set and cancel of one alarm
+	// are never concurrent (its owner serialises them).
+	list *alarmList
 	// prev and next link the alarm while it is listed; they and listed
 	// belong to alarmList.mu.
 	prev, next *alarm

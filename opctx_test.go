@@ -113,13 +113,11 @@ func TestOpCtxDeadlines(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	procAlarms.mu.Lock()
-	defer procAlarms.mu.Unlock()
-	for a := procAlarms.head; a != nil; a = a.next {
+	procAlarms.listed(func(a *alarm) {
 		for i := range ctxs {
 			if a == &ctxs[i].alarm {
 				t.Errorf("context %d is still watched", i)
 			}
 		}
-	}
+	})
 }
