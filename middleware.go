@@ -869,6 +869,11 @@ func DeriveKey(id idemstore.Identity, name string) string {
 type hub struct {
 	mu sync.Mutex
 	m  map[idemstore.Identity]*waitChan
+	// waiting counts the subscriptions, so that publish, which every
+	// execution calls, skips the lock and the lookup when nobody waits. A
+	// subscription that lands just after publish looked misses this wake-up
+	// as it would have under the lock; the waiter's re-read covers it.
+	waiting atomic.Int64
 }
 
 type waitChan struct {
@@ -888,12 +893,14 @@ func (h *hub) subscribe(id idemstore.Identity) *waitChan {
 		h.m[id] = wc
 	}
 	wc.refs++
+	h.waiting.Add(1)
 	return wc
 }
 
 func (h *hub) unsubscribe(id idemstore.Identity, wc *waitChan) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.waiting.Add(-1)
 	wc.refs--
 	if wc.refs == 0 && h.m[id] == wc {
 		delete(h.m, id)
@@ -901,6 +908,9 @@ func (h *hub) unsubscribe(id idemstore.Identity, wc *waitChan) {
 }
 
 func (h *hub) publish(id idemstore.Identity) {
+	if h.waiting.Load() == 0 {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if wc := h.m[id]; wc != nil {
