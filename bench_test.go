@@ -43,13 +43,12 @@ func benchRequestBody(key, body string) *http.Request {
 }
 
 // The first-request benchmarks send benchKeys distinct keys, each with its
-// own body (benchBody with another order number), so that every request
-// pays the whole fingerprint: in the fingerprint cache's 2,048 slots a body
-// has been overwritten by the time it comes back, 10,000 bodies later (but
-// for under 1 % of them, which survive in their slot). On the memory store the keys are reused in
-// turns, and the store's clock jumps past the TTL at every turn, so the
-// store stays at benchKeys records, as a store with a reaper does, instead
-// of growing with b.N (its garbage collection would otherwise be most of
+// own body (benchBody with another order number), as clients do; every
+// request pays the whole fingerprint (the fingerprint cache remembers
+// retries only). On the memory store the keys are reused in turns, and the
+// store's clock jumps past the TTL at every turn, so the store stays at
+// benchKeys records, as a store with a reaper does, instead of growing with
+// b.N (its garbage collection would otherwise be most of
 // what the benchmark measured). The SQLite store keeps every record.
 const benchKeys = 10000
 

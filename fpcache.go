@@ -23,10 +23,13 @@ const (
 // hash only picks the slot, a collision is a miss. The scope is part of the
 // check, so one tenant cannot learn from timing what another recently sent.
 //
-// It is direct-mapped: a body's hash picks one slot, and a miss overwrites
-// it. Each slot keeps its body in a buffer of its own that later bodies
-// reuse, so that a new request (a miss, and so an insertion) allocates
-// nothing here; the slot's lock covers the comparison and the copy.
+// Only retries are remembered (see remember), so new requests, the bulk of
+// the traffic, only look.
+//
+// It is direct-mapped: a body's hash picks one slot, and remembering a body
+// overwrites it. Each slot keeps its body in a buffer of its own that later
+// bodies reuse, so remembering allocates nothing here; the slot's lock
+// covers the comparison and the copy.
 type fpCache struct {
 	once  sync.Once // makes seed and slots on first use
 	seed  maphash.Seed
@@ -47,25 +50,42 @@ func (s *fpSlot) matches(method, endpoint, query, scope string, body []byte) boo
 }
 
 // fingerprint returns Fingerprint of the request, from the cache when the
-// same JSON request was fingerprinted recently.
-func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string, body []byte, fc FingerprintConfig) string {
-	if len(body) == 0 || len(body) > fpCacheMaxBody || !isJSONMediaType(contentType) {
-		return Fingerprint(method, endpoint, query, contentType, body, fc)
+// same JSON request was remembered recently; hit reports that it was.
+func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string, body []byte, fc FingerprintConfig) (fp string, hit bool) {
+	if !cacheable(contentType, body) {
+		return Fingerprint(method, endpoint, query, contentType, body, fc), false
 	}
 	s := c.slot(body)
 	s.mu.Lock()
 	if s.matches(method, endpoint, query, scope, body) {
 		fp := s.fp
 		s.mu.Unlock()
-		return fp
+		return fp, true
 	}
 	s.mu.Unlock()
-	fp := Fingerprint(method, endpoint, query, contentType, body, fc)
+	return Fingerprint(method, endpoint, query, contentType, body, fc), false
+}
+
+// remember keeps fp, the fingerprint of the request, for its next sending.
+// The middleware calls it for a request whose key was already taken with
+// the same fingerprint (a retry, not a new request): most first requests
+// are never sent again, and remembering them would only churn the cache and
+// hold memory, while a request sent twice is the one a client is retrying.
+func (c *fpCache) remember(method, endpoint, query, contentType, scope string, body []byte, fp string) {
+	if !cacheable(contentType, body) {
+		return
+	}
+	s := c.slot(body)
 	s.mu.Lock()
 	s.body = append(s.body[:0], body...)
 	s.method, s.endpoint, s.query, s.scope, s.fp = method, endpoint, query, scope, fp
 	s.mu.Unlock()
-	return fp
+}
+
+// cacheable reports whether a body's fingerprint may be cached: JSON (whose
+// canonicalisation the cache spares) of at most fpCacheMaxBody bytes.
+func cacheable(contentType string, body []byte) bool {
+	return len(body) > 0 && len(body) <= fpCacheMaxBody && isJSONMediaType(contentType)
 }
 
 // slot returns the slot of body.

@@ -2,8 +2,12 @@ package idem
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/idem-dev/idem/idemmem"
 )
 
 func TestFingerprintCache(t *testing.T) {
@@ -24,22 +28,37 @@ func TestFingerprintCache(t *testing.T) {
 		{base.method, base.endpoint, base.query, "application/merge-patch+json", base.scope},
 		{base.method, base.endpoint, base.query, base.ctype, "tenant-b"},
 	}
-	for round := range 3 { // the first round fills the cache, the others hit it
-		for _, v := range variants {
-			want := Fingerprint(v.method, v.endpoint, v.query, v.ctype, body, fc)
-			if got := c.fingerprint(v.method, v.endpoint, v.query, v.ctype, v.scope, body, fc); got != want {
-				t.Fatalf("round %d, %+v: cached fingerprint %s, want %s", round, v, got, want)
+	for i, v := range variants {
+		want := Fingerprint(v.method, v.endpoint, v.query, v.ctype, body, fc)
+		// Not remembered yet: computed, a miss.
+		if got, hit := c.fingerprint(v.method, v.endpoint, v.query, v.ctype, v.scope, body, fc); got != want || hit {
+			t.Fatalf("%+v before remember: %s (hit %v), want %s, a miss", v, got, hit, want)
+		}
+		c.remember(v.method, v.endpoint, v.query, v.ctype, v.scope, body, want)
+		// Remembered: a hit for this variant (but text/plain, never
+		// cached); every other is answered its own fingerprint (a hit only
+		// where the cache's check cannot tell them apart: both media types
+		// are JSON, which is all the fingerprint takes of them).
+		if got, hit := c.fingerprint(v.method, v.endpoint, v.query, v.ctype, v.scope, body, fc); got != want || hit != (v.ctype != "text/plain") {
+			t.Fatalf("%+v after remember: %s (hit %v), want %s", v, got, hit, want)
+		}
+		for j, o := range variants {
+			if j == i {
+				continue
+			}
+			got, hit := c.fingerprint(o.method, o.endpoint, o.query, o.ctype, o.scope, body, fc)
+			if got != Fingerprint(o.method, o.endpoint, o.query, o.ctype, body, fc) || hit && o.ctype == v.ctype {
+				t.Fatalf("%+v remembered, %+v: %s (hit %v)", v, o, got, hit)
 			}
 		}
 	}
-	// The cache answers from the body's bytes, not from a copy the caller
-	// may change afterwards.
+	// The cache keeps a copy of the body, not the caller's slice.
 	mutable := []byte(`{"a":1}`)
-	first := c.fingerprint("POST", "POST /x", "", "application/json", "", mutable, FingerprintConfig{})
+	first := Fingerprint("POST", "POST /x", "", "application/json", mutable, FingerprintConfig{})
+	c.remember("POST", "POST /x", "", "application/json", "", mutable, first)
 	copy(mutable, `{"a":2}`)
-	if got, want := c.fingerprint("POST", "POST /x", "", "application/json", "", mutable, FingerprintConfig{}),
-		Fingerprint("POST", "POST /x", "", "application/json", mutable, FingerprintConfig{}); got != want || got == first {
-		t.Fatalf("after changing the body: %s, want %s (not %s)", got, want, first)
+	if got, hit := c.fingerprint("POST", "POST /x", "", "application/json", "", mutable, FingerprintConfig{}); hit || got == first {
+		t.Fatalf("after changing the body: %s (hit %v), the old fingerprint %s", got, hit, first)
 	}
 }
 
@@ -49,13 +68,14 @@ func TestFingerprintCacheBounded(t *testing.T) {
 	for i := range 3 * fpCacheSlots {
 		body := []byte(fmt.Sprintf(`{"order":%d}`, i))
 		want := Fingerprint("POST", "POST /v1/payments", "", "application/json", body, FingerprintConfig{})
-		if got := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{}); got != want {
-			t.Fatalf("body %d: %s, want %s", i, got, want)
+		c.remember("POST", "POST /v1/payments", "", "application/json", "", body, want)
+		if got, hit := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{}); got != want || !hit {
+			t.Fatalf("body %d: %s (hit %v), want %s from the cache", i, got, hit, want)
 		}
 	}
-	// A body over the size bound is fingerprinted, never kept.
+	// A body over the size bound is never kept.
 	big := []byte(`{"pad":"` + strings.Repeat("x", fpCacheMaxBody) + `"}`)
-	c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", big, FingerprintConfig{})
+	c.remember("POST", "POST /v1/payments", "", "application/json", "", big, "fp")
 	for i := range c.slots {
 		if s := &c.slots[i]; cap(s.body) > fpCacheMaxBody || len(s.body) > 0 && s.body[len(s.body)-1] != '}' {
 			t.Fatalf("slot %d holds %d bytes (capacity %d): %.40q", i, len(s.body), cap(s.body), s.body)
@@ -63,8 +83,9 @@ func TestFingerprintCacheBounded(t *testing.T) {
 	}
 }
 
-// TestFingerprintCacheCollision sends bodies that share a slot in turns:
-// each evicts the other, and every answer is still its own fingerprint.
+// TestFingerprintCacheCollision remembers bodies that share a slot in
+// turns: each evicts the other, and every answer is still its own
+// fingerprint.
 func TestFingerprintCacheCollision(t *testing.T) {
 	t.Parallel()
 	var c fpCache
@@ -77,11 +98,13 @@ func TestFingerprintCacheCollision(t *testing.T) {
 		}
 	}
 	for round := range 4 {
-		for _, body := range same {
+		for i, body := range same {
 			want := Fingerprint("POST", "POST /v1/payments", "", "application/json", body, FingerprintConfig{})
-			if got := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{}); got != want {
-				t.Fatalf("round %d, %s: %s, want %s", round, body, got, want)
+			got, hit := c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{})
+			if got != want || hit != (len(same) == 1) {
+				t.Fatalf("round %d, %s: %s (hit %v), want %s, a miss (body %d evicted it)", round, body, got, hit, want, (i+len(same)-1)%len(same))
 			}
+			c.remember("POST", "POST /v1/payments", "", "application/json", "", body, want)
 			if string(slot.body) != string(body) {
 				t.Fatalf("round %d: the slot holds %s after %s", round, slot.body, body)
 			}
@@ -89,9 +112,51 @@ func TestFingerprintCacheCollision(t *testing.T) {
 	}
 }
 
+// TestFingerprintCacheRemembersRetries checks the middleware's use of the
+// cache: a new request is not remembered, its retry is, and the retry after
+// that is answered from the cache.
+func TestFingerprintCacheRemembersRetries(t *testing.T) {
+	t.Parallel()
+	m := newMiddleware(idemmem.New(nil), nil)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	body := `{"amount":100}`
+	send := func(key string) {
+		r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		m.serve(w, r, h)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("key %s: %d %s", key, w.Code, w.Body)
+		}
+	}
+	remembered := func() bool {
+		_, hit := m.fps.fingerprint("POST", "POST /v1/payments", "", "application/json", "", []byte(body), FingerprintConfig{})
+		return hit
+	}
+	send("k1")
+	if remembered() {
+		t.Fatal("a new request was remembered")
+	}
+	send("k2") // the same body with another key is another new request
+	if remembered() {
+		t.Fatal("a new request with a body seen before was remembered")
+	}
+	send("k1") // a retry (a replay)
+	if !remembered() {
+		t.Fatal("a retry was not remembered")
+	}
+	send("k1")
+	if !remembered() {
+		t.Fatal("the cache forgot")
+	}
+}
+
 func BenchmarkFingerprintCached(b *testing.B) {
 	var c fpCache
 	body := []byte(benchBody)
+	c.remember("POST", "POST /v1/payments", "", "application/json", "", body,
+		Fingerprint("POST", "POST /v1/payments", "", "application/json", body, FingerprintConfig{}))
 	b.ReportAllocs()
 	for b.Loop() {
 		c.fingerprint("POST", "POST /v1/payments", "", "application/json", "", body, FingerprintConfig{})

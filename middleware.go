@@ -147,8 +147,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m:    m,
 		body: body,
 		id:   idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		fp:   m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint),
 	}
+	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
 		span.SetAttribute("idem.endpoint", endpoint)
@@ -210,6 +210,10 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 		if rec.Fingerprint != a.fp {
 			m.answerReused(w, a)
 			return
+		}
+		if !a.fpCached { // a retry: remember its fingerprint for the next one
+			m.fps.remember(r.Method, a.id.Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id.Scope, a.body, a.fp)
+			a.fpCached = true
 		}
 		switch rec.State {
 		case idemstore.StateCompleted:
@@ -731,6 +735,7 @@ type attempt struct {
 	m        *middleware
 	id       idemstore.Identity
 	fp       string
+	fpCached bool // fp came from the fingerprint cache, or went into it
 	token    string
 	unknown  atomic.Bool
 	rejected atomic.Bool
