@@ -3,6 +3,7 @@ package idem
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // The fingerprint cache bounds: fpCacheSlots slots, each remembering one
@@ -31,9 +32,12 @@ const (
 // bodies reuse, so remembering allocates nothing here; the slot's lock
 // covers the comparison and the copy.
 type fpCache struct {
-	once  sync.Once // makes seed and slots on first use
-	seed  maphash.Seed
-	slots *[fpCacheSlots]fpSlot
+	once sync.Once // makes seed and slots on first use
+	seed maphash.Seed
+	// slots are made when first remembered into: a middleware that sees
+	// few retries keeps an array of nil pointers, which costs the garbage
+	// collector little to scan.
+	slots *[fpCacheSlots]atomic.Pointer[fpSlot]
 }
 
 // fpSlot is one remembered fingerprint and what it was computed from.
@@ -55,7 +59,10 @@ func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string
 	if !cacheable(contentType, body) {
 		return Fingerprint(method, endpoint, query, contentType, body, fc), false
 	}
-	s := c.slot(body)
+	s := c.slot(body).Load()
+	if s == nil {
+		return Fingerprint(method, endpoint, query, contentType, body, fc), false
+	}
 	s.mu.Lock()
 	if s.matches(method, endpoint, query, scope, body) {
 		fp := s.fp
@@ -75,7 +82,12 @@ func (c *fpCache) remember(method, endpoint, query, contentType, scope string, b
 	if !cacheable(contentType, body) {
 		return
 	}
-	s := c.slot(body)
+	p := c.slot(body)
+	s := p.Load()
+	if s == nil {
+		p.CompareAndSwap(nil, new(fpSlot))
+		s = p.Load()
+	}
 	s.mu.Lock()
 	s.body = append(s.body[:0], body...)
 	s.method, s.endpoint, s.query, s.scope, s.fp = method, endpoint, query, scope, fp
@@ -89,7 +101,7 @@ func cacheable(contentType string, body []byte) bool {
 }
 
 // slot returns the slot of body.
-func (c *fpCache) slot(body []byte) *fpSlot {
-	c.once.Do(func() { c.seed, c.slots = maphash.MakeSeed(), new([fpCacheSlots]fpSlot) })
+func (c *fpCache) slot(body []byte) *atomic.Pointer[fpSlot] {
+	c.once.Do(func() { c.seed, c.slots = maphash.MakeSeed(), new([fpCacheSlots]atomic.Pointer[fpSlot]) })
 	return &c.slots[maphash.Bytes(c.seed, body)%fpCacheSlots]
 }
