@@ -398,7 +398,8 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	a.renewer.start(a)
 	stopRenew := a.renewer.stop
 	a.recoveryPoint = rec.RecoveryPoint
-	ctx := context.WithValue(r.Context(), attemptKey{}, a)
+	a.hctx = attemptCtx{Context: r.Context(), a: a}
+	var ctx context.Context = &a.hctx
 	if m.txStore != nil {
 		ctx = idemstore.ContextWithTx(ctx, a.beginTx(context.WithoutCancel(r.Context())))
 	}
@@ -752,6 +753,7 @@ type attempt struct {
 // execution is the part of an attempt only a request that runs the handler
 // needs, in one allocation: a replay or a 409 does not pay for it.
 type execution struct {
+	hctx       attemptCtx
 	bodyReader bodyReader
 	complete   idemstore.CompleteParams
 	response   idemstore.Response
@@ -807,6 +809,21 @@ func (*bodyReader) Close() error { return nil }
 func (a *attempt) keyHash() string { return a.id.LogHash() }
 
 type attemptKey struct{}
+
+// attemptCtx is the handler's context: the request's, with the attempt as
+// the value of attemptKey. It is what context.WithValue makes, embedded in
+// the execution instead of allocated.
+type attemptCtx struct {
+	context.Context
+	a *attempt
+}
+
+func (c *attemptCtx) Value(key any) any {
+	if key == (attemptKey{}) {
+		return c.a
+	}
+	return c.Context.Value(key)
+}
 
 func attemptFrom(ctx context.Context) *attempt {
 	a, _ := ctx.Value(attemptKey{}).(*attempt)
