@@ -41,8 +41,9 @@ func loadScript(name string) *script {
 	if err != nil {
 		panic(err)
 	}
-	sc := redis.NewScript(string(lib) + "\n" + string(src))
-	return &script{Script: sc, hash: sc.Hash(), src: string(lib) + "\n" + string(src)}
+	all := string(lib) + "\n" + string(src)
+	sc := redis.NewScript(all)
+	return &script{Script: sc, hash: sc.Hash(), src: all}
 }
 
 // The command names and key counts, boxed once.
@@ -59,15 +60,16 @@ var (
 // they are named, see recordKeys) spares the hot path most of the
 // allocations of cmdable.EvalSha, which copies and boxes them all again.
 func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *redis.Cmd {
-	call[0], call[1], call[2] = argEvalSha, sc.hash, nkeys
-	cmd := redis.NewCmd(ctx, call...)
-	cmd.SetFirstKeyPos(3)
-	_ = s.client.Process(ctx, cmd)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		call[0], call[1] = argEval, sc.src
-		cmd = redis.NewCmd(ctx, call...)
+	send := func(name, script any) *redis.Cmd {
+		call[0], call[1], call[2] = name, script, nkeys
+		cmd := redis.NewCmd(ctx, call...)
 		cmd.SetFirstKeyPos(3)
 		_ = s.client.Process(ctx, cmd)
+		return cmd
+	}
+	cmd := send(argEvalSha, sc.hash)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = send(argEval, sc.src)
 	}
 	return cmd
 }

@@ -174,14 +174,13 @@ func (s *Store) keysFor(bucket int, member []byte) recordKeys {
 	b.WriteString(":c:")
 	b.Write(member)
 	all := b.String()
-	k := recordKeys{
+	return recordKeys{
 		record:  all[:rec],
 		member:  all[tag+len(":r:") : rec],
 		index:   all[rec : rec+idx],
 		expiry:  all[rec+idx : rec+idx+exp],
 		channel: all[rec+idx+exp:],
 	}
-	return k
 }
 
 func (s *Store) bucketTag(bucket int) string {
