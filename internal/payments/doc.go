@@ -41,7 +41,9 @@
 // Config.MaxAttempts attempts, when the payment fails. A timeout or a
 // dropped connection is an unknown outcome: the payment requires
 // reconciliation, and is never blindly charged again — every later attempt
-// first asks the provider by the derived key.
+// first asks the provider by the derived key. Delivered (done) outbox rows
+// are deleted KeyTTL after delivery, in batches, after each reconciliation
+// pass (PruneOnce); pending rows and dead letters are kept.
 //
 // The reconciler (ReconcileOnce, every Config.ReconcileInterval) settles
 // open payments by asking GET /charges?idempotency_key=KEY: found →

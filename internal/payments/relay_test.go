@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -329,6 +330,44 @@ func TestKeyInUseAtTheLastAttemptIsNotAFailure(t *testing.T) {
 		b.relayOnce(t, 1)
 		if got := b.status(t, p.ID); got.Status != StatusRequiresReconciliation {
 			t.Fatalf("payment %s after a key-in-use on its last attempt, want requires_reconciliation", got.Status)
+		}
+	})
+}
+
+func TestPruneDeliveredOutboxRows(t *testing.T) {
+	t.Parallel()
+	stores(t, func(t *testing.T, store string) {
+		b := setup(t, store, provider.Faults{}, func(c *Config) { c.KeyTTL = time.Hour })
+		delivered := b.mustCreate(t, "prune-1", 1000)
+		b.relayOnce(t, 1)
+		pending := b.mustCreate(t, "prune-2", 2000) // not relayed
+		pendingID := b.message(t, pending.ID).ID
+		prune := func(want int) {
+			t.Helper()
+			if n, err := b.svc.PruneOnce(b.ctx); err != nil || n != want {
+				t.Fatalf("PruneOnce = %d, %v; want %d", n, err, want)
+			}
+		}
+		prune(0) // delivered just now: kept for KeyTTL
+		deliveredID := b.message(t, delivered.ID).ID
+		b.clock.Advance(time.Hour + time.Second)
+		prune(1)
+		if _, err := b.svc.db.outbox.MessageGet(b.ctx, deliveredID); !errors.Is(err, outbox.ErrNotFound) {
+			t.Fatalf("the delivered row after pruning: %v, want ErrNotFound", err)
+		}
+		if got := b.status(t, delivered.ID); got.Status != StatusSucceeded {
+			t.Errorf("the delivered payment after pruning: %+v", got)
+		}
+		if m, err := b.svc.db.outbox.MessageGet(b.ctx, pendingID); err != nil || m.State != outbox.StatePending {
+			t.Fatalf("the pending row after pruning: %+v, %v", m, err)
+		}
+		prune(0)
+		// The pending row is still delivered, once, and pruned in its turn.
+		b.relayOnce(t, 1)
+		b.clock.Advance(time.Hour + time.Second)
+		prune(1)
+		if len(b.charges(t)) != 2 {
+			t.Errorf("the ledger has %d charges, want 2", len(b.charges(t)))
 		}
 	})
 }

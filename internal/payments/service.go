@@ -175,7 +175,8 @@ func (s *Service) now() time.Time {
 	return time.UnixMicro(s.cfg.Now().UnixMicro()).UTC()
 }
 
-// reconcileLoop runs ReconcileOnce every ReconcileInterval until Stop.
+// reconcileLoop runs ReconcileOnce and PruneOnce every ReconcileInterval
+// until Stop.
 func (s *Service) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
@@ -191,7 +192,35 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 		if _, err := s.ReconcileOnce(pctx); err != nil {
 			s.log.Error("payments: reconciliation pass failed", "error", err)
 		}
+		if _, err := s.PruneOnce(pctx); err != nil {
+			s.log.Error("payments: pruning delivered outbox rows failed", "error", err)
+		}
 		cancel()
+	}
+}
+
+// pruneBatch bounds one delete of PruneOnce, so that pruning never holds
+// the outbox long.
+const pruneBatch = 500
+
+// PruneOnce deletes the outbox rows of charges delivered (done) longer ago
+// than KeyTTL, in batches of pruneBatch, and returns how many it deleted.
+// A delivered row is bookkeeping: the payment keeps its charge and status,
+// and by then the key's record, whose replay might have led to it, is gone
+// too. Rows still pending and dead letters are never pruned. The
+// reconciler's loop runs it after each pass.
+func (s *Service) PruneOnce(ctx context.Context) (int, error) {
+	before := s.now().Add(-s.cfg.KeyTTL)
+	total := 0
+	for {
+		n, err := s.db.outbox.MessagePrune(ctx, &outbox.PruneParams{Before: before, Limit: pruneBatch})
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("pruning delivered outbox rows: %w", err)
+		}
+		if n < pruneBatch {
+			return total, nil
+		}
 	}
 }
 
