@@ -37,6 +37,7 @@ func (s *Service) routes() http.Handler {
 		Transactional: true,
 		TTL:           s.cfg.KeyTTL,
 		Lease:         s.cfg.KeyLease,
+		StoreTimeout:  s.cfg.StoreTimeout,
 		Scope: func(r *http.Request) (string, error) {
 			if t := tenantFrom(r.Context()); t != "" {
 				return t, nil

@@ -78,6 +78,10 @@ type Config struct {
 	// itself keeps (tenant, key) unique for as long as it exists. Defaults
 	// to 24 hours.
 	KeyTTL time.Duration
+	// StoreTimeout bounds each call to the idempotency store (idem's
+	// Config.StoreTimeout); a call that takes longer answers 503. Defaults
+	// to idem's default, 2 seconds.
+	StoreTimeout time.Duration
 	// KeyLease is the in-progress lock of a payment request's key, renewed
 	// while the request runs; after a crash the key waits this long before
 	// a retry may run again. Defaults to 30 seconds (the middleware's).

@@ -274,7 +274,11 @@ func TestCrashPointsAreCalled(t *testing.T) {
 func TestRelaysDeliverConcurrentPaymentsOnce(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, store string) {
-		b := setup(t, store, provider.Faults{}, func(c *Config) { c.RelayWorkers = 3 })
+		// 24 writers at once on SQLite's one write lock, under -race and
+		// beside every other package's tests: a reservation may wait longer
+		// than the 2 s default for the lock, and this test is about
+		// charging once, not about that bound.
+		b := setup(t, store, provider.Faults{}, func(c *Config) { c.RelayWorkers = 3; c.StoreTimeout = 20 * time.Second })
 		const n = 12
 		var wg sync.WaitGroup
 		for i := range n {
