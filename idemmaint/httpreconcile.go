@@ -1,0 +1,176 @@
+package idemmaint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Default values of the HTTPConfig fields.
+const (
+	DefaultLookupTimeout = 5 * time.Second
+	DefaultLookupMaxBody = 1 << 20
+)
+
+// defaultStoredHeaders is idem.DefaultStoredHeaders (a test keeps them
+// equal): this package depends on the store contract, not on the middleware.
+var defaultStoredHeaders = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+	"Location", "ETag", "Last-Modified",
+}
+
+// neverStored are the headers the middleware never keeps for replay,
+// whatever its allow-list says; a lookup's answer follows the same rule.
+var neverStored = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
+	"Content-Length": true, "Idempotent-Replayed": true,
+}
+
+// HTTPConfig configures HTTPReconciler. A nil *HTTPConfig means all
+// defaults.
+type HTTPConfig struct {
+	// Header is sent with every lookup, e.g. an Authorization header. A Host
+	// entry sets the request's Host. Errors and logs never carry its
+	// values. Defaults to none.
+	Header http.Header
+	// Timeout bounds one lookup, its answer's body included. Defaults to 5
+	// seconds.
+	Timeout time.Duration
+	// MaxBody is the largest answer body stored for replay, in bytes. A 2xx
+	// answer with a larger body settles the record as completed and not
+	// replayable, as the middleware does with a response larger than its
+	// MaxResponse. Defaults to 1 MiB (the middleware's default MaxResponse).
+	MaxBody int64
+	// StoredHeaders is the allow-list of the answer's headers stored for
+	// replay; Set-Cookie, Authorization, hop-by-hop headers and
+	// Content-Length are never stored. Defaults to the middleware's default
+	// (idem.DefaultStoredHeaders).
+	StoredHeaders []string
+	// Client sends the lookups. Defaults to a client of its own that does
+	// not follow redirects (a redirect is an answer like any other 3xx:
+	// still unknown).
+	Client *http.Client
+}
+
+// HTTPReconciler returns a Config.Reconcile that settles an unknown record
+// by asking an HTTP endpoint about it: it sends GET to the template's URL
+// for the record, with cfg.Header, and reads the answer:
+//
+//   - 2xx: the operation was applied. The record becomes completed and its
+//     retries replay this answer: its status, its allow-listed headers and
+//     its body (or 409 not-replayable when the body is larger than
+//     cfg.MaxBody).
+//   - 404 or 410: the operation was never applied. The record becomes
+//     released and the next retry executes it.
+//   - anything else, or no answer within cfg.Timeout: still unknown; the
+//     maintainer asks again after a backoff. The error says why, without
+//     the URL (which holds the key).
+//
+// The endpoint must answer 404 or 410 only when it knows that the operation
+// never happened: most servers answer 404 to a path they do not route too,
+// and a template with a typo would then release every unknown record.
+func HTTPReconciler(t *URLTemplate, cfg *HTTPConfig) func(context.Context, *idemstore.Record) (Resolution, error) {
+	c := cfg.withDefaults()
+	stored := make(map[string]bool, len(c.StoredHeaders))
+	for _, h := range c.StoredHeaders {
+		if name := http.CanonicalHeaderKey(h); !neverStored[name] {
+			stored[name] = true
+		}
+	}
+	return func(ctx context.Context, rec *idemstore.Record) (Resolution, error) {
+		target, err := t.Expand(rec.Identity)
+		if err != nil {
+			return Resolution{}, err
+		}
+		ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return Resolution{}, fmt.Errorf("building the lookup: %w", withoutURL(err))
+		}
+		req.Header = c.Header.Clone()
+		if req.Header == nil {
+			req.Header = make(http.Header)
+		}
+		if host := req.Header.Get("Host"); host != "" {
+			req.Host = host
+			req.Header.Del("Host")
+		}
+		if req.Header.Get("User-Agent") == "" {
+			req.Header.Set("User-Agent", "idem-reconciler")
+		}
+		resp, err := c.Client.Do(req)
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return Resolution{}, fmt.Errorf("no answer to the lookup within %v", c.Timeout)
+			}
+			return Resolution{}, fmt.Errorf("lookup failed: %w", withoutURL(err))
+		}
+		defer resp.Body.Close()
+		switch code := resp.StatusCode; {
+		case code >= 200 && code <= 299:
+			body, err := io.ReadAll(io.LimitReader(resp.Body, c.MaxBody+1))
+			if err != nil {
+				return Resolution{}, fmt.Errorf("reading the lookup's %d answer: %w", code, withoutURL(err))
+			}
+			if int64(len(body)) > c.MaxBody {
+				return Resolution{State: idemstore.StateCompleted}, nil // not replayable
+			}
+			header := make(http.Header)
+			for name, vs := range resp.Header {
+				if stored[name] {
+					header[name] = vs
+				}
+			}
+			return Resolution{State: idemstore.StateCompleted, Response: &idemstore.Response{Status: code, Header: header, Body: body}}, nil
+		case code == http.StatusNotFound || code == http.StatusGone:
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
+			return Resolution{State: idemstore.StateReleased}, nil
+		default:
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			return Resolution{}, fmt.Errorf("the lookup answered %d %s", code, http.StatusText(code))
+		}
+	}
+}
+
+// withoutURL returns the cause of a *url.Error, whose text holds the URL
+// and therefore the key.
+func withoutURL(err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Err
+	}
+	return err
+}
+
+// withDefaults returns a copy of cfg (which may be nil) with every zero field
+// set to its default.
+func (cfg *HTTPConfig) withDefaults() HTTPConfig {
+	var c HTTPConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultLookupTimeout
+	}
+	if c.MaxBody <= 0 {
+		c.MaxBody = DefaultLookupMaxBody
+	}
+	if c.StoredHeaders == nil {
+		c.StoredHeaders = defaultStoredHeaders
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	return c
+}

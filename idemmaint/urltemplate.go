@@ -1,0 +1,196 @@
+package idemmaint
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// The placeholders of a URLTemplate.
+const (
+	placeholderKey    = "key"
+	placeholderMethod = "method"
+	placeholderPath   = "path"
+	placeholderScope  = "scope"
+)
+
+// URLTemplate is a lookup URL with placeholders that name a record, such as
+// https://api.example/v1/orders/by-key/{key}?scope={scope}. It is the
+// --reconcile-url of `idem proxy` and `idem maintain`, and the first argument
+// of HTTPReconciler.
+//
+// The placeholders are {key} (the record's idempotency key, required),
+// {method} and {path} (the record's endpoint "METHOD PATH" split at its
+// first space; for idem proxy the path as the client sent it, escapes kept)
+// and {scope} (the record's scope; for idem proxy with --scope-header the
+// hex SHA-256 of the header's value, empty without it).
+//
+// Every value is percent-encoded byte by byte except the RFC 3986 unreserved
+// characters (A–Z a–z 0–9 - . _ ~), wherever the placeholder stands: a key
+// with "/", "?", "&", "#", "+", "%" or a space becomes one path segment or
+// one query value, and decodes to exactly the key, whether the upstream
+// reads it from its path or from its query ("+" is sent as %2B, so no
+// decoder reads it as a space). {path} is escaped the same way, so
+// "/v1/orders" is sent as %2Fv1%2Forders: put it in the query. Placeholders
+// may stand in the path and the query only, never in the scheme, the host
+// or the port.
+type URLTemplate struct {
+	// parts alternate literal text and placeholder names: parts[0] is
+	// literal, parts[1] a name, parts[2] literal, and so on.
+	parts []string
+	// endpoint reports that {method} or {path} is used.
+	endpoint bool
+}
+
+// probe stands for every placeholder when the template is checked as a URL:
+// letters only, valid in every part of a URL.
+const probe = "idemplaceholder"
+
+// ParseURLTemplate parses a reconcile URL template. It refuses a template
+// without {key}, an unknown or unclosed placeholder, a stray brace, a
+// placeholder outside the path and the query, and a template that is not an
+// absolute http or https URL, or that holds credentials or a fragment. Its
+// errors never repeat the template, which may hold a credential in its
+// query.
+func ParseURLTemplate(s string) (*URLTemplate, error) {
+	t := &URLTemplate{}
+	var lit strings.Builder
+	hasKey := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '{':
+			end := strings.IndexAny(s[i+1:], "{}")
+			if end < 0 || s[i+1+end] == '{' {
+				return nil, fmt.Errorf("a { at byte %d is not closed by }", i)
+			}
+			name := s[i+1 : i+1+end]
+			switch name {
+			case placeholderKey:
+				hasKey = true
+			case placeholderMethod, placeholderPath:
+				t.endpoint = true
+			case placeholderScope:
+			default:
+				return nil, fmt.Errorf("unknown placeholder {%s}: want {key}, {method}, {path} or {scope}", clip(name, 20))
+			}
+			t.parts = append(t.parts, lit.String(), name)
+			lit.Reset()
+			i += 1 + end
+		case '}':
+			return nil, fmt.Errorf("a } at byte %d has no {", i)
+		default:
+			lit.WriteByte(c)
+		}
+	}
+	t.parts = append(t.parts, lit.String())
+	if !hasKey {
+		return nil, errors.New("no {key} placeholder: every lookup would ask about the same operation")
+	}
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// check checks that the template is an absolute http or https URL whose
+// placeholders stand after its host.
+func (t *URLTemplate) check() error {
+	if strings.Contains(t.parts[0], "://") && !t.afterAuthority() {
+		return errPlaceholderPlace // before url.Parse, whose error is less clear
+	}
+	var b strings.Builder
+	for i, p := range t.parts {
+		if i%2 == 1 {
+			p = probe
+		}
+		b.WriteString(p)
+	}
+	u, err := url.Parse(b.String())
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // without the URL
+		}
+		return fmt.Errorf("not a URL: %v", err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("want an absolute http:// or https:// URL")
+	case u.Opaque != "" || u.Host == "":
+		return errors.New("want an absolute http:// or https:// URL with a host")
+	case u.User != nil:
+		return errors.New("credentials in the URL are not supported: send them with --reconcile-header (HTTPConfig.Header)")
+	case u.Fragment != "" || strings.Contains(b.String(), "#"):
+		return errors.New("a fragment is not allowed")
+	}
+	if !t.afterAuthority() {
+		return errPlaceholderPlace
+	}
+	return nil
+}
+
+var errPlaceholderPlace = errors.New("a placeholder may stand in the path or the query only, not in the scheme, host or port")
+
+// afterAuthority reports whether the literal text before the first
+// placeholder ends the authority: "scheme://host" followed by a "/" or a
+// "?".
+func (t *URLTemplate) afterAuthority() bool {
+	_, rest, ok := strings.Cut(t.parts[0], "://")
+	return ok && strings.ContainsAny(rest, "/?")
+}
+
+// clip shortens s to at most n bytes for an error message.
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// Expand returns the lookup URL of a record: the template with every
+// placeholder replaced by the escaped value. It fails when the template
+// uses {method} or {path} and the endpoint is not "METHOD PATH".
+func (t *URLTemplate) Expand(id idemstore.Identity) (string, error) {
+	method, path, ok := strings.Cut(id.Endpoint, " ")
+	if t.endpoint && (!ok || method == "" || path == "") {
+		return "", fmt.Errorf("endpoint %q is not METHOD PATH: {method} and {path} have no value", clip(id.Endpoint, 100))
+	}
+	var b strings.Builder
+	for i, p := range t.parts {
+		if i%2 == 0 {
+			b.WriteString(p)
+			continue
+		}
+		switch p {
+		case placeholderKey:
+			escapeTo(&b, id.Key)
+		case placeholderMethod:
+			escapeTo(&b, method)
+		case placeholderPath:
+			escapeTo(&b, path)
+		case placeholderScope:
+			escapeTo(&b, id.Scope)
+		}
+	}
+	return b.String(), nil
+}
+
+// escapeTo writes s to b with every byte but the RFC 3986 unreserved
+// characters percent-encoded: the result is one path segment or one query
+// value that decodes to s in either place.
+func escapeTo(b *strings.Builder, s string) {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+}
