@@ -18,6 +18,7 @@ type maintainOptions struct {
 	batchSize     int
 	once          bool
 	ops           opsOptions
+	reconcile     reconcileOptions
 }
 
 // maintainAbout says what the maintainer does, for `idem maintain -h`.
@@ -25,11 +26,14 @@ const maintainAbout = "Runs the background maintenance of a store until SIGINT o
 	"  sweeper     turns in_progress records whose lease expired into unknown (or\n" +
 	"              released, for transactional records), logging each one\n" +
 	"  reaper      deletes records past their retention, in bounded batches\n" +
-	"  reconciler  none: idem cannot ask your downstream whether an operation\n" +
-	"              happened. Unknown records are counted and logged at warn every\n" +
-	"              pass for an operator, who settles them with 'idem keys resolve'\n" +
-	"              (list them with 'idem keys list --state unknown'). A Go service\n" +
-	"              can run idemmaint with its own Config.Reconcile instead.\n" +
+	"  reconciler  with --reconcile-url, asks your API about every unknown record\n" +
+	"              (GET the template with {key}, {method}, {path}, {scope} filled\n" +
+	"              in): 2xx settles it completed with that answer for retries to\n" +
+	"              replay, 404 or 410 releases it so the next retry runs, anything\n" +
+	"              else leaves it unknown and asks again with backoff. Without it,\n" +
+	"              unknown records are counted and logged at warn every pass for an\n" +
+	"              operator, who settles them with 'idem keys resolve' (list them\n" +
+	"              with 'idem keys list --state unknown').\n" +
 	"Several maintainers may run against one shared store. --once runs one pass\n" +
 	"of each job and prints what it did (for cron). 'idem proxy --maintain' runs\n" +
 	"the same maintainer inside the proxy."
@@ -41,18 +45,22 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 		reapInterval:  idemmaint.DefaultReapInterval,
 		batchSize:     idemmaint.DefaultBatchSize,
 	}
-	fs := newFlagSet("maintain", "idem maintain [--store URL] [--sweep-interval D] [--reap-interval D] [--batch-size N] [--once]", maintainAbout)
+	fs := newFlagSet("maintain", "idem maintain [--store URL] [--sweep-interval D] [--reap-interval D] [--batch-size N] [--reconcile-url TEMPLATE] [--once]", maintainAbout)
 	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
 	fs.Var(durationValue{p: &o.sweepInterval}, "sweep-interval", "`DURATION` between two sweeps of expired leases")
 	fs.Var(durationValue{p: &o.reapInterval}, "reap-interval", "`DURATION` between two reaps of expired records")
 	fs.Var(countValue{&o.batchSize}, "batch-size", "records one store call sweeps, reaps or lists, at most `N`")
 	fs.BoolVar(&o.once, "once", false, "run one pass of each job, print what it did and exit")
 	o.ops.register(fs)
+	o.reconcile.register(fs)
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
 	if o.batchSize == 0 {
 		return nil, usageErrorf("--batch-size must be positive")
+	}
+	if err := o.reconcile.check(true); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -90,7 +98,9 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		return err
 	}
 	defer closeStore(&err)
-	m := idemmaint.New(store, maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize))
+	cfg := maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize)
+	o.reconcile.apply(e, cfg, idemmaint.DefaultLookupMaxBody)
+	m := idemmaint.New(store, cfg)
 	if o.once {
 		err := m.RunOnce(ctx)
 		printMaintainStats(e, m.Stats())
@@ -105,7 +115,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		"sweep_interval", o.sweepInterval,
 		"reap_interval", o.reapInterval,
 		"batch_size", o.batchSize,
-		"reconciler", "none",
+		"reconciler", o.reconcile.kind(),
 	)
 	o2, err := newOps(&o.ops, opsParts{Store: store, Maintainer: m, Logger: e.logger})
 	if err != nil {
@@ -130,6 +140,9 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 // printMaintainStats prints what `idem maintain --once` did.
 func printMaintainStats(e *env, s idemmaint.Stats) {
 	fmt.Fprintf(e.stdout, "Swept %d expired leases, reaped %d expired records.\n", s.Swept, s.Reaped)
+	if s.Completed+s.Released > 0 {
+		fmt.Fprintf(e.stdout, "Reconciled %d unknown records: %d completed, %d released.\n", s.Completed+s.Released, s.Completed, s.Released)
+	}
 	if s.UnknownBacklog > 0 {
 		more := ""
 		if s.UnknownBacklogTruncated {

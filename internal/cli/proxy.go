@@ -35,6 +35,7 @@ type proxyOptions struct {
 	maintain    bool
 	cache       string
 	ops         opsOptions
+	reconcile   reconcileOptions
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -70,8 +71,12 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
 	o.ops.register(fs)
-	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper and reaper, default intervals) in this process")
+	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper, reaper and, with --reconcile-url, reconciler) in this process")
+	o.reconcile.register(fs)
 	if err := fs.parse(args, e); err != nil {
+		return nil, err
+	}
+	if err := o.reconcile.check(o.maintain); err != nil {
 		return nil, err
 	}
 	if o.upstream == nil {
@@ -175,7 +180,9 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	var maint *idemmaint.Maintainer // nil without --maintain
 	if o.maintain {
 		// Stopped before the store is closed (defers run last first).
-		maint = idemmaint.New(store, maintainerConfig(e, 0, 0, 0))
+		mcfg := maintainerConfig(e, 0, 0, 0)
+		o.reconcile.apply(e, mcfg, o.maxResponse)
+		maint = idemmaint.New(store, mcfg)
 		if err := maint.Start(ctx); err != nil {
 			ln.Close()
 			return err

@@ -36,6 +36,7 @@ func TestParseProxy(t *testing.T) {
 			methods:     []string{"POST", "PATCH"},
 			maxBody:     1 << 20,
 			maxResponse: 1 << 20,
+			reconcile:   reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second},
 		}
 	}
 	up := "http://127.0.0.1:9000"
