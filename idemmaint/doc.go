@@ -13,6 +13,9 @@
 //     completed or released with a write fenced on the record's token.
 //     Records it cannot resolve yet are retried with exponential backoff and
 //     jitter, logged at warn with their attempt count and counted in Stats.
+//     HTTPReconciler is such a function for any HTTP API with a lookup by
+//     key: it GETs a URLTemplate filled in with the record's key (2xx
+//     completed with that answer, 404/410 released, anything else unknown).
 //
 // Library users run a Maintainer in their own process:
 //
