@@ -18,6 +18,14 @@ import (
 	"github.com/idem-dev/idem/internal/storeurl"
 )
 
+// The proxy's defaults differ from the payments service's (127.0.0.1:8080,
+// sqlite:./idem.db), so the README's two demos run side by side in one
+// terminal.
+const (
+	defaultProxyListen = "127.0.0.1:8090"
+	defaultProxyStore  = "sqlite:./idem-proxy.db"
+)
+
 // proxyOptions are the settings of `idem proxy`.
 type proxyOptions struct {
 	listen      string
@@ -42,8 +50,8 @@ type proxyOptions struct {
 // The defaults shown are the middleware's own (idem.Config).
 func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	o := &proxyOptions{
-		listen:      "127.0.0.1:8080",
-		store:       storeurl.Default,
+		listen:      defaultProxyListen,
+		store:       defaultProxyStore,
 		ttl:         24 * time.Hour,
 		lease:       30 * time.Second,
 		profile:     string(idem.ProfileIETF),

@@ -28,8 +28,8 @@ func TestParseProxy(t *testing.T) {
 	t.Parallel()
 	defaults := func() proxyOptions {
 		return proxyOptions{
-			listen:      "127.0.0.1:8080",
-			store:       "sqlite:./idem.db",
+			listen:      "127.0.0.1:8090",
+			store:       "sqlite:./idem-proxy.db",
 			ttl:         24 * time.Hour,
 			lease:       30 * time.Second,
 			profile:     "ietf",
