@@ -24,6 +24,10 @@ import (
 // binary is the idem command built by TestMain.
 var binary string
 
+// vcsStamped reports whether TestMain built binary with the checkout's VCS
+// revision.
+var vcsStamped bool
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-cmd-test-")
 	if err != nil {
@@ -31,7 +35,14 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "idem")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+	build := []string{"build", "-o", binary}
+	if root, err := exec.Command("git", "rev-parse", "--show-toplevel").Output(); err == nil {
+		if fi, err := os.Stat(filepath.Join(strings.TrimSpace(string(root)), ".git")); err == nil && fi.IsDir() {
+			vcsStamped = true
+			build = append(build, "-buildvcs=true")
+		}
+	}
+	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building idem: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
@@ -341,5 +352,33 @@ func TestProxyClientHangsUp(t *testing.T) {
 	p.terminate(t)
 	if code := p.exitCode(t, 10*time.Second); code != 0 {
 		t.Errorf("exit code = %d, want 0", code)
+	}
+}
+
+// TestVersion runs `idem version` on the binary TestMain built: in a git
+// checkout whose .git is a directory (the Go toolchain does not stamp from a
+// worktree's .git file), TestMain built it with -buildvcs=true and the
+// revision must be the checked-out one.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(binary, "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("idem version: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "module    github.com/idem-dev/idem\n") {
+		t.Errorf("no module line:\n%s", out)
+	}
+	if !vcsStamped {
+		if !strings.Contains(string(out), "revision  unknown") {
+			t.Errorf("built without VCS stamping, want revision unknown:\n%s", out)
+		}
+		t.Skip("the checkout's .git is not a directory: the toolchain stamps no revision")
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v", err)
+	}
+	if want := "revision  " + strings.TrimSpace(string(head)); !strings.Contains(string(out), want) {
+		t.Errorf("want %q in:\n%s", want, out)
 	}
 }

@@ -48,6 +48,7 @@ var commands = []command{
 	{"load", "send requests with Idempotency-Keys to a URL and report throughput and latency", runLoad},
 	{"payments", "run the reference payments service with its simulated provider", runPayments},
 	{"provider", "run the simulated payment provider alone, with a durable ledger", runProvider},
+	{"version", "print the module version and the VCS revision of this binary", runVersion},
 }
 
 // env is what a command may use of its process.
