@@ -30,7 +30,20 @@ import (
 type opsOptions struct {
 	listen       string
 	consoleToken string
+	addr         string // the address bound, once startOps listens
 }
+
+// consoleURL is the console's URL once startOps listens with a console
+// token, else "".
+func (o *opsOptions) consoleURL() string {
+	if o.addr == "" || o.consoleToken == "" {
+		return ""
+	}
+	return "http://" + o.addr + "/_idem/"
+}
+
+// consoleSignIn says how to sign in to the console, for banners.
+const consoleSignIn = "sign in with the --console-token value (or send it as Authorization: Bearer)"
 
 // register adds --ops-listen and --console-token to fs.
 func (o *opsOptions) register(fs *flagSet) {
@@ -88,6 +101,13 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 			return nil, fmt.Errorf("console: %w", err)
 		}
 		mux.Handle("/_idem/", h)
+		mux.Handle("GET /{$}", http.RedirectHandler("/_idem/", http.StatusFound))
+	} else {
+		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprint(w, "idem operations: GET /metrics (Prometheus).\n"+
+				"The operator console under /_idem/ is off: start the command with --console-token TOKEN to turn it on.\n")
+		})
 	}
 	return &ops{Metrics: metrics, Handler: mux}, nil
 }
@@ -170,16 +190,18 @@ func (c consoleOutbox) MessageRedrive(ctx context.Context, id int64) error {
 	return err
 }
 
-// startOps serves h on addr until ctx ends; an empty addr serves nothing.
-// The returned wait blocks until the server has stopped.
-func startOps(ctx context.Context, e *env, addr string, h http.Handler) (wait func(), err error) {
-	if addr == "" {
+// startOps serves h on o.listen until ctx ends; an empty address serves
+// nothing. The returned wait blocks until the server has stopped. When the
+// console is on, its URL is logged.
+func startOps(ctx context.Context, e *env, o *opsOptions, h http.Handler) (wait func(), err error) {
+	if o.listen == "" {
 		return func() {}, nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("ops listener: %w", err)
 	}
+	o.addr = ln.Addr().String()
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
@@ -194,7 +216,11 @@ func startOps(ctx context.Context, e *env, addr string, h http.Handler) (wait fu
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	e.logger.Info("ops listening", "ops_addr", ln.Addr().String(), "metrics", "/metrics")
+	if url := o.consoleURL(); url != "" {
+		e.logger.Info("ops listening", "ops_addr", o.addr, "metrics", "/metrics", "console", url)
+	} else {
+		e.logger.Info("ops listening", "ops_addr", o.addr, "metrics", "/metrics")
+	}
 	return func() { <-done }, nil
 }
 

@@ -52,6 +52,9 @@ func TestOpsMetricsAndConsole(t *testing.T) {
 	if w := get("/_idem/", token); w.Code != http.StatusOK {
 		t.Fatalf("console with the token: %d", w.Code)
 	}
+	if w := get("/", ""); w.Code != http.StatusFound || w.Header().Get("Location") != "/_idem/" {
+		t.Fatalf("GET /: %d Location %q, want 302 to /_idem/", w.Code, w.Header().Get("Location"))
+	}
 }
 
 func TestOpsConsoleOffWithoutToken(t *testing.T) {
@@ -64,6 +67,11 @@ func TestOpsConsoleOffWithoutToken(t *testing.T) {
 	o.Handler.ServeHTTP(w, httptest.NewRequest("GET", "/_idem/", nil))
 	if w.Code != http.StatusNotFound {
 		t.Fatalf("console without --console-token: %d, want 404", w.Code)
+	}
+	w = httptest.NewRecorder()
+	o.Handler.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "--console-token") {
+		t.Fatalf("GET / without a console: %d %q, want 200 saying how to turn it on", w.Code, w.Body)
 	}
 	if _, err := newOps(&opsOptions{consoleToken: "short"}, opsParts{Store: idemmem.New(nil)}); err == nil {
 		t.Fatal("a short console token was accepted")

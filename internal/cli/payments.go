@@ -238,7 +238,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	}
 	metrics.Metrics = opsHandler.Metrics
 	opsCtx, stopOps := context.WithCancel(ctx)
-	waitOps, err := startOps(opsCtx, e, o.ops.listen, opsHandler.Handler)
+	waitOps, err := startOps(opsCtx, e, &o.ops, opsHandler.Handler)
 	if err != nil {
 		stopOps()
 		return err
@@ -292,6 +292,13 @@ func printBanner(w io.Writer, o *paymentsOptions, api, providerURL string, demo 
 	fmt.Fprintf(&b, "  API       %s/v1/payments\n", api)
 	fmt.Fprintf(&b, "  provider  %s (%s; its ledger: GET %s/charges)\n", storeurl.Redact(providerURL), where, storeurl.Redact(providerURL))
 	fmt.Fprintf(&b, "  store     %s\n", storeurl.Redact(o.store))
+	if o.ops.addr != "" {
+		fmt.Fprintf(&b, "  metrics   http://%s/metrics\n", o.ops.addr)
+	}
+	if url := o.ops.consoleURL(); url != "" {
+		fmt.Fprintf(&b, "  console   %s (%s)\n", url, consoleSignIn)
+	}
+	fmt.Fprintf(&b, "  pid       %d (Ctrl-C or kill -TERM %d stops it; `go run`'s own PID is another process)\n", os.Getpid(), os.Getpid())
 	if demo {
 		fmt.Fprintf(&b, "  tenant    %q, token %s (made for this run; --tokens TENANT=TOKEN,… for your own)\n", demoTenant, token)
 	} else {

@@ -354,3 +354,39 @@ func TestPaymentsOps(t *testing.T) {
 		t.Errorf("exit %d; stderr %s", code, e.stderr)
 	}
 }
+
+// With --console-token the banner prints the console's URL and how to sign
+// in, and / on the ops listener leads to it.
+func TestPaymentsBannerShowsConsole(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	consoleToken := strings.Repeat("c", 24)
+	_, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--ops-listen", "127.0.0.1:0", "--console-token", consoleToken)...)
+	if !e.stdout.waitFor("console", 10*time.Second) {
+		t.Fatalf("no console line; stdout:\n%s", e.stdout)
+	}
+	out := e.stdout.String()
+	m := regexp.MustCompile(`console   (http://\S+/_idem/) \(sign in with the --console-token value`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("banner lacks the console URL and sign-in hint:\n%s", out)
+	}
+	if strings.Contains(out, consoleToken) {
+		t.Errorf("the banner shows the console token:\n%s", out)
+	}
+	if !regexp.MustCompile(`pid       \d+ `).MatchString(out) {
+		t.Errorf("banner lacks the server's PID:\n%s", out)
+	}
+	root := strings.TrimSuffix(m[1], "/_idem/") + "/"
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "/_idem/" {
+		t.Errorf("GET /: %d Location %q, want 302 to /_idem/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit %d; stderr %s", code, e.stderr)
+	}
+}
