@@ -29,9 +29,31 @@ func newFlagSet(name, synopsis, about string) *flagSet {
 	return &flagSet{FlagSet: fs, synopsis: synopsis, about: about}
 }
 
-// envName is the environment variable a flag falls back to.
+// envName is the environment variable a flag falls back to, for the flags
+// that mean the same in every command (--store, --ops-listen, …).
 func envName(flagName string) string {
 	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// commandScoped are the flags whose meaning differs between commands: their
+// variable carries the command's name (IDEM_PROXY_LISTEN, IDEM_LOAD_BODY),
+// so that one exported in a shell for one command is never read by
+// another. The unscoped name (IDEM_LISTEN) is refused with the scoped one
+// in the message.
+var commandScoped = map[string]bool{
+	"listen": true, // payments, proxy and provider each serve on their own
+	"body":   true, // load's request body; keys resolve's stored response body
+	"header": true, // load's request headers; keys resolve's stored response headers
+}
+
+// envName is the environment variable flag falls back to in this command.
+func (fs *flagSet) envName(flag string) string {
+	if !commandScoped[flag] {
+		return envName(flag)
+	}
+	cmd := strings.TrimPrefix(fs.Name(), "idem ")
+	cmd, _, _ = strings.Cut(cmd, " ")
+	return envName(cmd + "-" + flag)
 }
 
 // parse parses args, then sets every flag absent from them from its
@@ -56,7 +78,13 @@ func (fs *flagSet) parse(args []string, e *env) error {
 		if given[f.Name] || err != nil {
 			return
 		}
-		name := envName(f.Name)
+		name := fs.envName(f.Name)
+		if generic := envName(f.Name); generic != name {
+			if v, ok := e.lookupEnv(generic); ok && v != "" {
+				err = usageErrorf("%s is set, but --%s means something else in each command: set %s instead", generic, f.Name, name)
+				return
+			}
+		}
 		v, ok := e.lookupEnv(name)
 		if !ok || v == "" {
 			return
@@ -76,7 +104,7 @@ func (fs *flagSet) printUsage(w io.Writer) {
 		if arg != "" {
 			line += " " + arg
 		}
-		fmt.Fprintf(w, "%s  (%s)\n    \t%s", line, envName(f.Name), usage)
+		fmt.Fprintf(w, "%s  (%s)\n    \t%s", line, fs.envName(f.Name), usage)
 		if f.DefValue != "" && f.DefValue != "false" {
 			fmt.Fprintf(w, " (default %s)", f.DefValue)
 		}

@@ -62,7 +62,7 @@ func TestParsePayments(t *testing.T) {
 			"IDEM_STORE":              "sqlite:/tmp/p.db",
 			"IDEM_PROVIDER_FAIL_RATE": "0.5",
 			"IDEM_PAYMENTS_CRASH_AT":  "after_charge",
-			"IDEM_LISTEN":             "127.0.0.1:0",
+			"IDEM_PAYMENTS_LISTEN":    "127.0.0.1:0",
 		})
 		o, err := parsePayments([]string{"--listen", "127.0.0.1:7000"}, e.env)
 		if err != nil {
@@ -313,7 +313,7 @@ func TestParseProvider(t *testing.T) {
 		t.Errorf("defaults %+v, %v", o, err)
 	}
 	o, err = parseProvider([]string{"--fail-rate", "0.1", "--timeout-rate", "0.2", "--latency", "1s"},
-		newTestEnv(map[string]string{"IDEM_LISTEN": ":1234", "IDEM_STORE": "postgres://db/x"}).env)
+		newTestEnv(map[string]string{"IDEM_PROVIDER_LISTEN": ":1234", "IDEM_STORE": "postgres://db/x"}).env)
 	want := provider.Faults{FailRate: 0.1, TimeoutRate: 0.2, Latency: time.Second}
 	if err != nil || o.listen != ":1234" || o.store != "postgres://db/x" || o.faults != want {
 		t.Errorf("parsed %+v, %v", o, err)

@@ -60,7 +60,7 @@ func TestParseProxy(t *testing.T) {
 			},
 			wantUp: "https://api.example/base?x=1"},
 		{name: "every variable",
-			env: map[string]string{"IDEM_UPSTREAM": up, "IDEM_LISTEN": ":9", "IDEM_STORE": "redis://r:6379/0",
+			env: map[string]string{"IDEM_UPSTREAM": up, "IDEM_PROXY_LISTEN": ":9", "IDEM_STORE": "redis://r:6379/0",
 				"IDEM_TTL": "1h", "IDEM_LEASE": "5s", "IDEM_WAIT": "2s", "IDEM_PROFILE": "appstrate", "IDEM_REQUIRE_KEY": "true",
 				"IDEM_SCOPE_HEADER": "x-tenant", "IDEM_METHODS": "PATCH", "IDEM_MAX_BODY": "10", "IDEM_MAX_RESPONSE": "20"},
 			want: func(o *proxyOptions) {

@@ -98,6 +98,10 @@ type Result struct {
 	// Replayed counts the answers by their Idempotent-Replayed header value;
 	// "" counts the answers without it.
 	Replayed map[string]int
+	// ClientErrors holds, for each 4xx status answered, the body of its
+	// first answer (up to MaxErrorBody bytes): what a run whose requests
+	// the service refuses shows its user.
+	ClientErrors map[int][]byte
 	// Keys and Duplicates describe the plan (Keys is 0 for new keys only).
 	Keys, Duplicates int
 	// Concurrency is the number of workers.
@@ -115,6 +119,37 @@ func (r *Result) Throughput() float64 {
 // Latency summarises the latencies of a run.
 type Latency struct {
 	P50, P90, P99, Max, Mean time.Duration
+}
+
+// MaxErrorBody bounds the bodies kept in Result.ClientErrors.
+const MaxErrorBody = 2048
+
+// ClientErrorShare returns the share of the answers that were 4xx, from 0
+// to 1.
+func (r *Result) ClientErrorShare() float64 {
+	if r.Responses == 0 {
+		return 0
+	}
+	n := 0
+	for code, c := range r.Status {
+		if code >= 400 && code < 500 {
+			n += c
+		}
+	}
+	return float64(n) / float64(r.Responses)
+}
+
+// MostCommonClientError returns the 4xx status answered most often (the
+// lowest code on a tie) and the body of its first answer; 0 when there was
+// none.
+func (r *Result) MostCommonClientError() (int, []byte) {
+	best := 0
+	for code := range r.ClientErrors {
+		if best == 0 || r.Status[code] > r.Status[best] || (r.Status[code] == r.Status[best] && code < best) {
+			best = code
+		}
+	}
+	return best, r.ClientErrors[best]
 }
 
 // HeaderReplayed is the response header counted in Result.Replayed.
@@ -195,11 +230,12 @@ func (cfg *Config) plan() []string {
 
 // worker is one worker's tally, merged at the end.
 type worker struct {
-	lat      []time.Duration
-	status   map[int]int
-	replayed map[string]int
-	errors   int
-	firstErr error
+	lat        []time.Duration
+	status     map[int]int
+	clientErrs map[int][]byte
+	replayed   map[string]int
+	errors     int
+	firstErr   error
 }
 
 // Run sends the requests until the plan, Requests or Duration ends, or ctx
@@ -230,7 +266,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range workers {
-		w := &worker{status: make(map[int]int), replayed: make(map[string]int)}
+		w := &worker{status: make(map[int]int), replayed: make(map[string]int), clientErrs: make(map[int][]byte)}
 		workers[i] = w
 		wg.Go(func() {
 			for stop.Err() == nil {
@@ -267,7 +303,15 @@ func (w *worker) send(ctx context.Context, c *Config, key string) {
 		w.fail(err)
 		return
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
+	code := resp.StatusCode
+	if _, seen := w.clientErrs[code]; !seen && code >= 400 && code < 500 {
+		var body []byte
+		body, err = io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
+		w.clientErrs[code] = body
+	}
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
 	resp.Body.Close()
 	if err != nil {
 		w.fail(err)
@@ -288,12 +332,13 @@ func (w *worker) fail(err error) {
 // merge adds up the workers' tallies.
 func merge(workers []*worker, elapsed time.Duration, c *Config) *Result {
 	r := &Result{
-		Elapsed:     elapsed,
-		Status:      make(map[int]int),
-		Replayed:    make(map[string]int),
-		Concurrency: c.Concurrency,
-		Duplicates:  c.Duplicates,
-		Keys:        c.Keys,
+		Elapsed:      elapsed,
+		Status:       make(map[int]int),
+		Replayed:     make(map[string]int),
+		Concurrency:  c.Concurrency,
+		Duplicates:   c.Duplicates,
+		Keys:         c.Keys,
+		ClientErrors: make(map[int][]byte),
 	}
 	var lat []time.Duration
 	for _, w := range workers {
@@ -303,6 +348,11 @@ func merge(workers []*worker, elapsed time.Duration, c *Config) *Result {
 		}
 		for k, n := range w.replayed {
 			r.Replayed[k] += n
+		}
+		for code, body := range w.clientErrs {
+			if _, ok := r.ClientErrors[code]; !ok {
+				r.ClientErrors[code] = body
+			}
 		}
 		r.Errors += w.errors
 		if r.FirstError == nil {
