@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,8 @@ import (
 
 // loadOptions are the settings of `idem load`.
 type loadOptions struct {
+	target      string
+	token       string
 	url         *url.URL
 	concurrency int
 	duration    time.Duration
@@ -38,6 +41,19 @@ type loadOptions struct {
 // nor --keys.
 const defaultLoadDuration = 10 * time.Second
 
+// Targets of `idem load --target`: a preset of the URL and the body.
+const (
+	loadTargetAny      = "any"      // --url required, loadgen.DefaultBody
+	loadTargetPayments = "payments" // idem payments on its default address
+)
+
+// paymentsLoadURL and paymentsLoadBody are what --target payments sends:
+// `idem payments` at its default address, a body it accepts.
+const (
+	paymentsLoadURL  = "http://127.0.0.1:8080/v1/payments"
+	paymentsLoadBody = `{"customer_id":"cus_load","amount_cents":1999,"currency":"EUR"}`
+)
+
 const loadAbout = "Sends POST requests with Idempotency-Keys to URL from --concurrency workers\n" +
 	"and reports the throughput, the latency percentiles (p50, p90, p99, max) and\n" +
 	"the answers counted by status and by Idempotent-Replayed. Without --keys every\n" +
@@ -46,36 +62,62 @@ const loadAbout = "Sends POST requests with Idempotency-Keys to URL from --concu
 	"flight together (answered 409 key-in-use, or after --wait, by idem). The run\n" +
 	"ends with the plan, at --requests or at --duration (default 10s without\n" +
 	"a plan); requests in flight then finish and are measured. Only loopback\n" +
-	"hosts are accepted unless --allow-remote: it is a benchmark tool."
+	"hosts are accepted unless --allow-remote: it is a benchmark tool.\n\n" +
+	"--target payments fits `idem payments`: the URL defaults to " + paymentsLoadURL + ",\n" +
+	"the body to a payment it accepts, and --token sends the bearer token its\n" +
+	"banner prints. When most answers are 4xx, the report shows the first answer's\n" +
+	"body and a hint."
 
 func parseLoad(args []string, e *env) (*loadOptions, error) {
 	o := &loadOptions{
+		target:      loadTargetAny,
+		duration:    defaultLoadDuration,
 		concurrency: loadgen.DefaultConcurrency,
 		duplicates:  1,
 		body:        loadgen.DefaultBody,
 		header:      make(http.Header),
 		timeout:     loadgen.DefaultTimeout,
 	}
-	fs := newFlagSet("load", "idem load --url URL [--concurrency N] [--duration D | --requests N] [--keys K] [--duplicates R] [--body JSON] [--header 'K: V'] [--json]", loadAbout)
-	fs.Var(httpURLValue{&o.url}, "url", "`URL` the requests are POSTed to (required)")
+	fs := newFlagSet("load", "idem load --url URL | --target payments [--token TOKEN] [--concurrency N] [--duration D | --requests N] [--keys K] [--duplicates R] [--body JSON] [--header 'K: V'] [--json]", loadAbout)
+	fs.Var(oneOfValue{&o.target, []string{loadTargetAny, loadTargetPayments}}, "target", "`KIND` of service: any (--url required) or payments (idem payments: its URL and a body it accepts)")
+	fs.Var(httpURLValue{&o.url}, "url", "`URL` the requests are POSTed to (required unless --target payments)")
+	fs.Var(secretValue{&o.token}, "token", "bearer `TOKEN` sent as Authorization (idem payments prints one in its banner)")
 	fs.Var(countValue{&o.concurrency}, "concurrency", "`N` workers, each with one request in flight")
-	fs.Var(durationValue{p: &o.duration}, "duration", "`DURATION` of the run; no request starts after it")
+	fs.Var(durationValue{p: &o.duration}, "duration", "`DURATION` of the run; no request starts after it (without --requests or --keys)")
 	fs.Var(countValue{&o.requests}, "requests", "`N` requests, then stop")
 	fs.Var(countValue{&o.keys}, "keys", "`K` distinct keys (0: a new key for every request)")
 	fs.Var(countValue{&o.duplicates}, "duplicates", "`R` requests per key of --keys")
-	fs.StringVar(&o.body, "body", o.body, "request `JSON` body (a ~200-byte payment by default)")
+	fs.StringVar(&o.body, "body", "", "request `JSON` body (default: a ~200-byte payment; with --target payments, one it accepts)")
 	fs.Var(headerValue{o.header}, "header", "request header `'NAME: VALUE'`, repeatable")
 	fs.Var(durationValue{p: &o.timeout}, "timeout", "`DURATION` a request may take before it counts as an error")
 	fs.BoolVar(&o.json, "json", false, "print the report as one JSON object")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "accept a --url whose host is not a loopback address")
+	o.duration = 0 // set below unless --duration (or its variable) sets it
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
 	given := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if o.target == loadTargetPayments {
+		if o.url == nil {
+			o.url, _ = url.Parse(paymentsLoadURL)
+		}
+		if o.body == "" {
+			o.body = paymentsLoadBody
+		}
+	}
+	if o.body == "" {
+		o.body = loadgen.DefaultBody
+	}
+	if o.token != "" {
+		if o.header.Get("Authorization") != "" {
+			return nil, usageErrorf("--token and an Authorization --header are exclusive")
+		}
+		o.header.Set("Authorization", "Bearer "+o.token)
+	}
 	switch {
 	case o.url == nil:
-		return nil, usageErrorf("--url (or %s) is required", envName("url"))
+		return nil, usageErrorf("--url (or %s) is required, or --target payments", envName("url"))
 	case !o.allowRemote && !isLoopback(o.url.Hostname()):
 		return nil, usageErrorf("%s is not a loopback host; pass --allow-remote to load it", o.url.Hostname())
 	case o.concurrency == 0:
@@ -161,10 +203,36 @@ func runLoad(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if res.ClientErrorShare() > 0.5 {
+		code, body := res.MostCommonClientError()
+		fmt.Fprintf(e.stderr, "idem load: %.0f%% of the answers were 4xx; the first %d said:\n  %s\n%s",
+			100*res.ClientErrorShare(), code, bytes.TrimSpace(body), loadHint(o, code))
+	}
 	if res.Responses == 0 && res.Requests > 0 {
 		return fmt.Errorf("no request was answered: %w", res.FirstError)
 	}
 	return nil
+}
+
+// loadHint says what to change when most answers were the 4xx code.
+func loadHint(o *loadOptions, code int) string {
+	switch {
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		if o.token == "" {
+			return "hint: the service wants a credential: --token TOKEN (idem payments prints its demo token in its banner)\n"
+		}
+		return "hint: the service refuses --token: copy the token idem payments printed, or the one given to its --tokens\n"
+	case code == http.StatusUnprocessableEntity || code == http.StatusBadRequest || code == http.StatusUnsupportedMediaType:
+		if o.target != loadTargetPayments && strings.HasSuffix(o.url.Path, "/v1/payments") {
+			return "hint: the service refuses the body: --target payments sends a payment idem payments accepts, or set --body\n"
+		}
+		return "hint: the service refuses the body: set --body to a request it accepts\n"
+	case code == http.StatusConflict:
+		return "hint: duplicates met their first request in flight (409 key-in-use): fewer --duplicates, or the proxy's --wait\n"
+	case code == http.StatusNotFound || code == http.StatusMethodNotAllowed:
+		return "hint: nothing takes POST at --url: check its path\n"
+	}
+	return "hint: check --url, --body and --header against what the service expects\n"
 }
 
 // replayedName is how the reports name a value of Idempotent-Replayed.

@@ -22,6 +22,7 @@ func TestParseLoad(t *testing.T) {
 	const u = "http://127.0.0.1:8080/v1/payments"
 	defaults := func() loadOptions {
 		return loadOptions{
+			target:      "any",
 			concurrency: loadgen.DefaultConcurrency, duration: 10 * time.Second, duplicates: 1,
 			body: loadgen.DefaultBody, header: http.Header{}, timeout: loadgen.DefaultTimeout,
 		}
@@ -45,13 +46,24 @@ func TestParseLoad(t *testing.T) {
 		{name: "variables",
 			env:  map[string]string{"IDEM_URL": u, "IDEM_DURATION": "3s", "IDEM_KEYS": "5", "IDEM_CONCURRENCY": "2"},
 			want: func(o *loadOptions) { o.duration, o.keys, o.concurrency = 3*time.Second, 5, 2 }},
+		{name: "body variable", args: []string{"--url", u}, env: map[string]string{"IDEM_LOAD_BODY": `{"b":2}`},
+			want: func(o *loadOptions) { o.body = `{"b":2}` }},
 		{name: "a plan has no default duration", args: []string{"--url", u, "--keys", "5"},
 			want: func(o *loadOptions) { o.duration, o.keys = 0, 5 }},
+		{name: "payments target", args: []string{"--target", "payments", "--token", "tok_1"},
+			want: func(o *loadOptions) {
+				o.target, o.token, o.body = "payments", "tok_1", paymentsLoadBody
+				o.header = http.Header{"Authorization": {"Bearer tok_1"}}
+			}},
+		{name: "payments target keeps --body", args: []string{"--target", "payments", "--body", `{"a":1}`},
+			want: func(o *loadOptions) { o.target, o.body = "payments", `{"a":1}` }},
+		{name: "token and authorization header", args: []string{"--url", u, "--token", "t", "--header", "Authorization: Bearer x"}, wantErr: "exclusive"},
+		{name: "unknown target", args: []string{"--target", "shop"}, wantErr: "want one of any, payments"},
 		{name: "localhost", args: []string{"--url", "http://localhost:9/x"}, want: func(*loadOptions) {}},
 		{name: "ipv6 loopback", args: []string{"--url", "http://[::1]:9/x"}, want: func(*loadOptions) {}},
 		{name: "remote allowed", args: []string{"--url", "https://api.example/x", "--allow-remote"},
 			want: func(o *loadOptions) { o.allowRemote = true }},
-		{name: "no url", args: nil, wantErr: "--url (or IDEM_URL) is required"},
+		{name: "no url", args: nil, wantErr: "--url (or IDEM_URL) is required, or --target payments"},
 		{name: "remote", args: []string{"--url", "https://api.example/x"}, wantErr: "api.example is not a loopback host"},
 		{name: "duration and requests", args: []string{"--url", u, "--duration", "1s", "--requests", "5"}, wantErr: "exclusive"},
 		{name: "duplicates without keys", args: []string{"--url", u, "--duplicates", "2"}, wantErr: "--duplicates needs --keys"},
@@ -173,5 +185,62 @@ func TestLoadUnanswered(t *testing.T) {
 	}
 	if !strings.Contains(e.stderr.String(), "idem load: no request was answered") || !strings.Contains(e.stdout.String(), "errors      3 without an answer") {
 		t.Errorf("stdout %q, stderr %q: want the errors reported", e.stdout, e.stderr)
+	}
+}
+
+// The help shows the real default duration.
+func TestLoadHelpShowsDefaultDuration(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	if code := run(t.Context(), []string{"load", "-h"}, e.env); code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	if out := e.stdout.String(); !strings.Contains(out, "without --requests or --keys) (default 10s)") {
+		t.Errorf("--duration's default is not 10s:\n%s", out)
+	}
+}
+
+// idem load fits idem payments: --target payments sends a body it accepts;
+// without the token most answers are 401 and the report says to pass
+// --token; with the default body the 422 hint names --target payments.
+func TestLoadAgainstPayments(t *testing.T) {
+	t.Parallel()
+	pe := newTestEnv(nil)
+	base, stop := payCommand(t, pe, payArgs(t, "--tokens", "acme="+payToken)...)
+	defer func() {
+		if code := stop(); code != ExitOK {
+			t.Errorf("payments exit %d; stderr %s", code, pe.stderr)
+		}
+	}()
+	url := base + "/v1/payments"
+	load := func(args ...string) (*testEnv, int) {
+		e := newTestEnv(nil)
+		code := run(t.Context(), append([]string{"load", "--url", url, "--requests", "20", "--concurrency", "2"}, args...), e.env)
+		return e, code
+	}
+
+	e, code := load("--target", "payments")
+	if code != ExitOK || !strings.Contains(e.stdout.String(), "status      401: 20") {
+		t.Fatalf("without a token: exit %d\n%s\n%s", code, e.stdout, e.stderr)
+	}
+	for _, want := range []string{"100% of the answers were 4xx; the first 401 said:", `"code":"unauthorized"`, "hint: the service wants a credential: --token TOKEN"} {
+		if !strings.Contains(e.stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, e.stderr)
+		}
+	}
+
+	e, _ = load("--token", payToken)
+	for _, want := range []string{"the first 422 said:", "validation-failed", "hint: the service refuses the body: --target payments"} {
+		if !strings.Contains(e.stderr.String(), want) {
+			t.Errorf("default body: stderr lacks %q:\n%s", want, e.stderr)
+		}
+	}
+
+	e, code = load("--target", "payments", "--token", payToken)
+	if code != ExitOK || !strings.Contains(e.stdout.String(), "status      201: 20") || e.stderr.String() != "" {
+		t.Fatalf("with --target payments and the token: exit %d\n%s\n%s", code, e.stdout, e.stderr)
+	}
+	if strings.Contains(e.stdout.String(), payToken) {
+		t.Errorf("the report shows the token:\n%s", e.stdout)
 	}
 }
