@@ -121,7 +121,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	if err != nil {
 		return err
 	}
-	waitOps, err := startOps(ctx, e, &o.ops, o2.Handler)
+	waitOps, err := startOps(ctx, e, &o.ops, o2)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,9 @@ type opsParts struct {
 type ops struct {
 	Metrics idem.Metrics
 	Handler http.Handler
+	// sample, when the console is on, feeds its trends until ctx ends;
+	// startOps runs it.
+	sample func(ctx context.Context)
 }
 
 // newOps builds the Prometheus registry (the middleware's decisions and
@@ -83,6 +86,7 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	var sample func(context.Context)
 	if o.consoleToken != "" {
 		cfg := console.Config{
 			Store:     p.Store,
@@ -96,9 +100,13 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 		if p.Outbox != nil {
 			cfg.Outbox = consoleOutbox{p.Outbox}
 		}
+		cfg.Trends = console.NewTrends()
 		h, err := console.New(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("console: %w", err)
+		}
+		sample = func(ctx context.Context) {
+			cfg.Trends.Run(ctx, console.DefaultSampleEvery, func(ctx context.Context) console.Sample { return console.Collect(ctx, cfg) })
 		}
 		mux.Handle("/_idem/", h)
 		mux.Handle("GET /{$}", http.RedirectHandler("/_idem/", http.StatusFound))
@@ -109,7 +117,7 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 				"The operator console under /_idem/ is off: start the command with --console-token TOKEN to turn it on.\n")
 		})
 	}
-	return &ops{Metrics: metrics, Handler: mux}, nil
+	return &ops{Metrics: metrics, Handler: mux, sample: sample}, nil
 }
 
 // maintainerStats reads the maintainer's figures and the outbox depth.
@@ -193,7 +201,7 @@ func (c consoleOutbox) MessageRedrive(ctx context.Context, id int64) error {
 // startOps serves h on o.listen until ctx ends; an empty address serves
 // nothing. The returned wait blocks until the server has stopped. When the
 // console is on, its URL is logged.
-func startOps(ctx context.Context, e *env, o *opsOptions, h http.Handler) (wait func(), err error) {
+func startOps(ctx context.Context, e *env, o *opsOptions, h *ops) (wait func(), err error) {
 	if o.listen == "" {
 		return func() {}, nil
 	}
@@ -202,10 +210,18 @@ func startOps(ctx context.Context, e *env, o *opsOptions, h http.Handler) (wait 
 		return nil, fmt.Errorf("ops listener: %w", err)
 	}
 	o.addr = ln.Addr().String()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h.Handler, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		if h.sample != nil {
+			h.sample(ctx)
+		}
+	}()
 	go func() {
 		defer close(done)
+		defer func() { <-sampled }()
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			e.logger.Error("ops listener stopped", "error", err)
 		}

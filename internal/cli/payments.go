@@ -238,7 +238,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	}
 	metrics.Metrics = opsHandler.Metrics
 	opsCtx, stopOps := context.WithCancel(ctx)
-	waitOps, err := startOps(opsCtx, e, &o.ops, opsHandler.Handler)
+	waitOps, err := startOps(opsCtx, e, &o.ops, opsHandler)
 	if err != nil {
 		stopOps()
 		return err

@@ -386,6 +386,26 @@ func TestPaymentsBannerShowsConsole(t *testing.T) {
 	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "/_idem/" {
 		t.Errorf("GET /: %d Location %q, want 302 to /_idem/", resp.StatusCode, resp.Header.Get("Location"))
 	}
+	// The console samples its trends from the start: trends.json has the
+	// current minute, with the outbox and the unknown backlog read.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, m[1]+"trends.json", nil)
+		req.Header.Set("Authorization", "Bearer "+consoleToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && strings.Contains(string(body), `"outbox_depth"`) && strings.Contains(string(body), `"unknown_backlog": 0`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trends.json: %d %s", resp.StatusCode, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if code := stop(); code != ExitOK {
 		t.Errorf("exit %d; stderr %s", code, e.stderr)
 	}

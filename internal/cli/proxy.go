@@ -209,7 +209,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		return err
 	}
 	opsCtx, stopOps := context.WithCancel(ctx)
-	waitOps, err := startOps(opsCtx, e, &o.ops, opsHandler.Handler)
+	waitOps, err := startOps(opsCtx, e, &o.ops, opsHandler)
 	if err != nil {
 		stopOps()
 		ln.Close()

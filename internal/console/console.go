@@ -55,6 +55,12 @@ type Config struct {
 	// process started (idemprom.Metrics.DecisionTotals): the overview shows
 	// them and their rates between views. Defaults to nil.
 	Decisions func() map[string]float64
+	// Trends, when set, is the in-process memory of the last hour the
+	// overview charts (decisions per minute, outbox depth and dead letters,
+	// unknown backlog) and GET Prefix+"/trends.json" serves; its owner feeds
+	// it (Trends.Run with Collect). Its recent observations also give the
+	// decision rates a sliding window. Defaults to nil: no charts.
+	Trends *Trends
 	// TrustedOrigins are origins ("https://ops.example.com") besides the
 	// request's own host from which POSTs are accepted, for a console
 	// behind a proxy that rewrites Host. Defaults to none.
@@ -151,6 +157,7 @@ func New(cfg Config) (http.Handler, error) {
 	p := c.cfg.Prefix
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+p+"/{$}", c.overview)
+	mux.HandleFunc("GET "+p+"/trends.json", c.trendsJSON)
 	mux.HandleFunc("GET "+p+"/unknown", c.unknownQueue)
 	mux.HandleFunc("GET "+p+"/keys", c.keyList)
 	mux.HandleFunc("GET "+p+"/key", c.keyPage)

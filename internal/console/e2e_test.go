@@ -2,11 +2,16 @@ package console_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,10 +67,12 @@ func TestConsoleInChromium(t *testing.T) {
 	exe := chromium(t)
 	dir := artifactDir(t)
 
+	trends := console.NewTrends()
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC) // setup's clock
+	totals := feedTrends(trends, start)
 	b := setup(t, func(c *console.Config) {
-		c.Decisions = func() map[string]float64 {
-			return map[string]float64{"created": 42, "replayed": 7, "unknown": 1, "in_progress": 2}
-		}
+		c.Trends = trends
+		c.Decisions = func() map[string]float64 { return totals }
 		c.Stats = func(context.Context) []console.Stat {
 			return []console.Stat{
 				{Name: "Unknown backlog", Value: "1", Warn: true},
@@ -151,6 +158,34 @@ func TestConsoleInChromium(t *testing.T) {
 	if got := text("#count-completed"); got != "3" {
 		t.Fatalf("overview: %s completed records, want 3", got)
 	}
+	// The charts are drawn, with data: a line per decision kind across the
+	// hour, and the outbox and unknown lines.
+	for _, chart := range []struct {
+		id    string
+		lines int
+	}{{"chart-decisions", 5}, {"chart-outbox", 2}, {"chart-unknown", 2}} {
+		n, err := chromedp.Run(browser, chromedp.Evaluate[int](`document.querySelectorAll("#`+chart.id+` polyline.line").length`))
+		if err != nil {
+			t.Fatalf("counting the lines of %s: %v", chart.id, err)
+		}
+		if n < chart.lines {
+			t.Errorf("%s draws %d lines, want at least %d", chart.id, n, chart.lines)
+		}
+		w, err := chromedp.Run(browser, chromedp.Evaluate[float64](`Math.max(...[...document.querySelectorAll("#`+chart.id+` polyline.line")].map(l => l.getBoundingClientRect().width))`))
+		if err != nil {
+			t.Fatalf("measuring %s: %v", chart.id, err)
+		}
+		if w < 100 {
+			t.Errorf("%s: its widest line is %.0f px wide on screen, want the hour drawn across the chart", chart.id, w)
+		}
+	}
+	if got := text("#chart-decisions + .legend"); !strings.Contains(got, "replayed") || !strings.Contains(got, "store errors (503)") {
+		t.Errorf("decision chart legend %q", got)
+	}
+	if got := text(".card .muted"); got == "" {
+		t.Errorf("no explanation under the charts")
+	}
+	screenshotForREADME(t, browser)
 
 	// The unknown queue, then the key.
 	run("open the unknown queue",
@@ -214,4 +249,102 @@ func TestConsoleInChromium(t *testing.T) {
 		strings.Contains(logs, testIdentity.Key) || strings.Contains(logs, "request refused") {
 		t.Fatalf("the log is wrong:\n%s", logs)
 	}
+}
+
+// feedTrends observes an hour of made-up traffic ending at now: steady
+// creations, a client retrying in a loop for the last 15 minutes, a burst
+// of store errors, an outbox that backs up and drains, and an unknown
+// record that appears 10 minutes before now. It returns the last totals.
+func feedTrends(tr *console.Trends, now time.Time) map[string]float64 {
+	totals := map[string]float64{}
+	add := func(name string, n float64) { totals[name] += n }
+	for i := range 60 {
+		at := now.Add(-time.Duration(59-i) * time.Minute)
+		add("created", 30+float64(i%7)*3)
+		add("replayed", 4+float64(i%3))
+		if i >= 45 {
+			add("replayed", float64(i-44)*6)
+		}
+		add("in_progress", float64(i%4))
+		if i%17 == 5 {
+			add("key_reused", 2)
+		}
+		if i >= 20 && i < 24 {
+			add("store_error", 25)
+		}
+		s := console.Sample{Decisions: maps.Clone(totals), Outbox: true, Unknown: true}
+		switch {
+		case i < 20:
+			s.OutboxDepth = 2 + i%3
+		case i < 30:
+			s.OutboxDepth = 2 + (i-19)*4
+		default:
+			s.OutboxDepth = max(2, 42-(i-30)*3)
+		}
+		if i >= 27 {
+			s.DeadLetters = 1
+		}
+		if i >= 50 {
+			s.UnknownBacklog, s.OldestUnknown = 1, time.Duration(i-49)*time.Minute
+		}
+		tr.Observe(at, s)
+	}
+	return totals
+}
+
+// screenshotPath is the README's screenshot of the console, taken by
+// TestConsoleInChromium; screenshotSum beside it holds the hash of the page
+// sources it shows.
+const (
+	screenshotPath = "../../docs/console.png"
+	screenshotSum  = "../../docs/console.png.sources"
+)
+
+// pageSourcesHash hashes what the overview is drawn from: the templates, the
+// style sheet and the chart code. When it changes, the screenshot must be
+// taken again.
+func pageSourcesHash(t *testing.T) string {
+	t.Helper()
+	h := sha256.New()
+	files, err := filepath.Glob("templates/*.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(files)
+	for _, f := range append(files, "render.go", "chart.go", "trends.go") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(h, "%s %d\n", f, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// screenshotForREADME keeps the README's screenshot in step with the
+// pages: with IDEM_UPDATE_SCREENSHOT=1 it takes the overview's screenshot
+// into docs/console.png and records the sources' hash; otherwise it fails
+// when the pages changed since the screenshot was taken.
+func screenshotForREADME(t *testing.T, browser context.Context) {
+	t.Helper()
+	sum := pageSourcesHash(t)
+	if os.Getenv("IDEM_UPDATE_SCREENSHOT") != "1" {
+		recorded, err := os.ReadFile(screenshotSum)
+		if err != nil || strings.TrimSpace(string(recorded)) != sum {
+			t.Errorf("the console's pages changed since docs/console.png was taken: run IDEM_UPDATE_SCREENSHOT=1 go test ./internal/console -run TestConsoleInChromium and commit docs/console.png and docs/console.png.sources")
+		}
+		return
+	}
+	png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.WriteFile(screenshotPath, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(screenshotSum, []byte(sum+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s", screenshotPath)
 }

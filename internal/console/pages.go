@@ -66,6 +66,8 @@ type overviewData struct {
 	RateNote   string
 	Stats      []Stat
 	Outbox     *outboxCounts
+	Charts     *chartData
+	TrendsLink string
 }
 
 // overview shows the records by state (bounded counts), the decision totals
@@ -110,6 +112,10 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		oc.Pending, oc.Done, oc.Dead = counts["pending"], counts["done"], counts["dead"]
 		d.Outbox = oc
 	}
+	if c.cfg.Trends != nil {
+		charts := c.cfg.Trends.charts(c.cfg.Now(), c.cfg.Decisions != nil, c.cfg.Outbox != nil)
+		d.Charts, d.TrendsLink = &charts, c.cfg.Prefix+"/trends.json"
+	}
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Data: d})
 }
 
@@ -137,7 +143,16 @@ func (c *console) countState(ctx context.Context, s idemstore.State) (n int, tru
 // decisionRows turns decision totals into rows with their rates since an
 // earlier overview.
 func (c *console) decisionRows(totals map[string]float64, now time.Time) ([]decisionRow, string) {
-	rates, window := c.rates.observe(now, totals)
+	var rates map[string]float64
+	var window time.Duration
+	if c.cfg.Trends != nil {
+		rates, window = c.cfg.Trends.rates(now, totals)
+		for name, r := range rates {
+			rates[name] = r / 60 // per second, as the tracker gives them
+		}
+	} else {
+		rates, window = c.rates.observe(now, totals)
+	}
 	names := make([]string, 0, len(totals))
 	for name := range totals {
 		names = append(names, name)
@@ -156,6 +171,9 @@ func (c *console) decisionRows(totals map[string]float64, now time.Time) ([]deci
 		rows = append(rows, row)
 	}
 	note := "Totals since the process started. Rates appear when two views are at least a second apart."
+	if c.cfg.Trends != nil {
+		note = "Totals since the process started. Rates appear a second after the console starts sampling."
+	}
 	if window > 0 {
 		note = "Totals since the process started; rates over the last " + short(window) + "."
 	}

@@ -68,6 +68,12 @@ button.link{background:none;color:#dfe6f5;padding:0;margin:0}
 .timeline{margin:0;padding-left:1.2rem}
 .timeline time{font-variant-numeric:tabular-nums}
 footer{padding:1rem 1.5rem;color:var(--muted);font-size:.8rem}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:1rem;margin-bottom:1rem}
+.charts .card{margin-bottom:0}
+.chart{margin:0}
+.chart svg{display:block}
+.legend{display:flex;flex-wrap:wrap;gap:.3rem .9rem;font-size:.82rem;color:var(--muted);margin-top:.3rem}
+.legend b{color:var(--fg);font-weight:600}
 `
 
 // csp is the Content-Security-Policy of every response: nothing but the
