@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"html/template"
-	"net/http"
 	"log/slog"
 	"math"
+	"net/http"
 	"sync"
 	"time"
 
