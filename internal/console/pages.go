@@ -193,39 +193,138 @@ type keyRow struct {
 }
 
 type keysData struct {
-	Intro  string
-	Filter bool
-	State  string
-	States []string
-	Rows   []keyRow
-	Empty  string
-	Err    string
-	Next   string
+	Intro    string
+	Filter   bool
+	State    string
+	Endpoint string
+	States   []string
+	Rows     []keyRow
+	Empty    string
+	Err      string
+	Note     string
+	Next     string
+	Prev     string
 }
 
 // unknownQueue lists the unknown records, the ones waiting for
 // reconciliation or an operator.
 func (c *console) unknownQueue(w http.ResponseWriter, r *http.Request) {
 	d := keysData{
-		Intro: "These keys' outcomes are unknown: their attempt may or may not have had its effect. Clients get 409 outcome-unknown until the reconciler or an operator resolves them. Open one to resolve it.",
+		Intro: "These keys' outcomes are unknown: their attempt may or may not have had its effect. Clients get 409 outcome-unknown until the reconciler or an operator resolves them. Open one to resolve it. " +
+			"This is the idempotency record's state, not a payment's: a payment in requires_reconciliation has its own row (its charge's outcome at the provider is unknown, and the payments service's reconciler asks the provider), while its key is completed and replays the answer the client got.",
 		State: string(idemstore.StateUnknown),
 		Empty: "No unknown records: nothing to resolve.",
 	}
 	c.listKeys(w, r, "Unknown queue", "unknown", "/unknown", d)
 }
 
-// keyList lists records, optionally of one state.
+// keyList lists records newest first, optionally of one state and one
+// endpoint, a page at a time. The store lists records by identity, so the
+// page sorts the matching records it scans (at most CountLimit) by
+// creation time.
 func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
-	state := r.URL.Query().Get("state")
+	q := r.URL.Query()
+	state, endpoint := q.Get("state"), q.Get("endpoint")
 	if state != "" && !idemstore.State(state).Valid() {
 		c.renderError(w, r, http.StatusBadRequest, "Bad request", "There is no such state.")
 		return
 	}
-	d := keysData{Filter: true, State: state, Empty: "No records."}
+	pageNo := 1
+	if p := q.Get("page"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			c.renderError(w, r, http.StatusBadRequest, "Bad request", "The page number is not valid.")
+			return
+		}
+		pageNo = n
+	}
+	d := keysData{Filter: true, State: state, Endpoint: endpoint, Empty: "No records."}
+	if state != "" || endpoint != "" {
+		d.Empty = "No records match the filter."
+	}
 	for _, s := range states {
 		d.States = append(d.States, string(s))
 	}
-	c.listKeys(w, r, "Keys", "keys", "/keys", d)
+	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
+	defer cancel()
+	recs, truncated, err := c.scanRecords(ctx, idemstore.State(state), endpoint)
+	if err != nil {
+		c.cfg.Logger.Error("idem console: listing records failed", slog.Any("error", err))
+		d.Err = "The store is unavailable: " + errorClass(err)
+	}
+	slices.SortStableFunc(recs, func(a, b *idemstore.Record) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	if truncated {
+		d.Note = fmt.Sprintf("Sorted among the first %d matching records the store listed; narrow the filter to see the others.", c.cfg.CountLimit)
+	}
+	link := func(n int) string {
+		v := url.Values{}
+		if state != "" {
+			v.Set("state", state)
+		}
+		if endpoint != "" {
+			v.Set("endpoint", endpoint)
+		}
+		v.Set("page", strconv.Itoa(n))
+		return c.cfg.Prefix + "/keys?" + v.Encode()
+	}
+	from := (pageNo - 1) * c.cfg.PageSize
+	if from < len(recs) {
+		to := min(from+c.cfg.PageSize, len(recs))
+		if to < len(recs) {
+			d.Next = link(pageNo + 1)
+		}
+		recs = recs[from:to]
+	} else {
+		recs = nil
+	}
+	if pageNo > 1 {
+		d.Prev = link(pageNo - 1)
+	}
+	d.Rows = c.keyRows(recs)
+	c.render(w, r, http.StatusOK, "keys", page{Title: "Keys", Nav: "keys", Data: d})
+}
+
+// scanRecords lists the records in state (any when empty) on endpoint (any
+// when empty), at most CountLimit of them; truncated reports there are more.
+func (c *console) scanRecords(ctx context.Context, state idemstore.State, endpoint string) (recs []*idemstore.Record, truncated bool, err error) {
+	var after *idemstore.Identity
+	for {
+		limit := min(1000, c.cfg.CountLimit+1-len(recs))
+		page, err := c.cfg.Store.KeyList(ctx, &idemstore.ListParams{State: state, Endpoint: endpoint, After: after, Limit: limit})
+		if err != nil {
+			return recs, false, err
+		}
+		recs = append(recs, page...)
+		if len(recs) > c.cfg.CountLimit {
+			return recs[:c.cfg.CountLimit], true, nil
+		}
+		if len(page) < limit {
+			return recs, false, nil
+		}
+		after = &page[len(page)-1].Identity
+	}
+}
+
+// keyRows turns records into the rows of a key list.
+func (c *console) keyRows(recs []*idemstore.Record) []keyRow {
+	now := c.cfg.Now()
+	rows := make([]keyRow, 0, len(recs))
+	for _, rec := range recs {
+		rows = append(rows, keyRow{
+			Link:       c.keyLink(rec.Identity, ""),
+			Key:        rec.Key,
+			KeyHash:    keyHash(rec.Identity),
+			Endpoint:   rec.Endpoint,
+			Scope:      rec.Scope,
+			State:      string(rec.State),
+			Attempts:   rec.Attempts,
+			Created:    stamp(rec.CreatedAt),
+			CreatedAgo: ago(now, rec.CreatedAt),
+			Updated:    stamp(rec.UpdatedAt),
+			UpdatedAgo: ago(now, rec.UpdatedAt),
+		})
+	}
+	return rows
 }
 
 // listKeys renders one page of records in d.State after the "after" cursor.
@@ -255,22 +354,7 @@ func (c *console) listKeys(w http.ResponseWriter, r *http.Request, title, nav, p
 		}
 		d.Next = c.cfg.Prefix + path + "?" + q.Encode()
 	}
-	now := c.cfg.Now()
-	for _, rec := range recs {
-		d.Rows = append(d.Rows, keyRow{
-			Link:       c.keyLink(rec.Identity, ""),
-			Key:        rec.Key,
-			KeyHash:    keyHash(rec.Identity),
-			Endpoint:   rec.Endpoint,
-			Scope:      rec.Scope,
-			State:      string(rec.State),
-			Attempts:   rec.Attempts,
-			Created:    stamp(rec.CreatedAt),
-			CreatedAgo: ago(now, rec.CreatedAt),
-			Updated:    stamp(rec.UpdatedAt),
-			UpdatedAgo: ago(now, rec.UpdatedAt),
-		})
-	}
+	d.Rows = c.keyRows(recs)
 	c.render(w, r, http.StatusOK, "keys", page{Title: title, Nav: nav, Data: d})
 }
 
@@ -515,6 +599,32 @@ type outboxRow struct {
 	Attempts                int
 	Available, AvailableAgo string
 	LastError, Payload      string
+	Why                     string // why the row is (not) moving
+}
+
+// outboxWhy explains where a message stands: when the relay takes it next,
+// and after what.
+func outboxWhy(m *OutboxMessage, now time.Time) string {
+	switch m.State {
+	case "dead":
+		return fmt.Sprintf("The relay gave up after %d attempts; it will not move until Retry makes it pending again.", m.Attempts)
+	case "done":
+		return "Delivered."
+	}
+	failed := ""
+	if m.LastError != "" {
+		failed = " after the last attempt failed"
+	}
+	switch {
+	case m.AvailableAt.After(now):
+		if m.Attempts == 0 {
+			return "Waiting: the relay takes it in " + short(m.AvailableAt.Sub(now)) + "."
+		}
+		return fmt.Sprintf("Backing off%s: attempt %d is due in %s.", failed, m.Attempts+1, short(m.AvailableAt.Sub(now)))
+	case now.Sub(m.AvailableAt) < time.Minute:
+		return fmt.Sprintf("Due now: attempt %d runs at the relay's next pass.", m.Attempts+1)
+	}
+	return fmt.Sprintf("Due for %s and not taken: the relay is stopped, stalled or busy; check its process and logs.", short(now.Sub(m.AvailableAt)))
 }
 
 type outboxData struct {
@@ -560,6 +670,7 @@ func (c *console) outboxPage(w http.ResponseWriter, r *http.Request) {
 				ID: m.ID, Topic: m.Topic, IdempotencyKey: m.IdempotencyKey, Attempts: m.Attempts,
 				Available: stamp(m.AvailableAt), AvailableAgo: ago(now, m.AvailableAt),
 				LastError: cut(m.LastError, 300), Payload: cut(string(m.Payload), 300),
+				Why: outboxWhy(m, now),
 			})
 		}
 	}

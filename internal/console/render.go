@@ -71,7 +71,8 @@ footer{padding:1rem 1.5rem;color:var(--muted);font-size:.8rem}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:1rem;margin-bottom:1rem}
 .charts .card{margin-bottom:0}
 .chart{margin:0}
-.chart svg{display:block}
+.chart>svg{display:block}
+.why{max-width:16rem;font-size:.88rem}
 .legend{display:flex;flex-wrap:wrap;gap:.3rem .9rem;font-size:.82rem;color:var(--muted);margin-top:.3rem}
 .legend b{color:var(--fg);font-weight:600}
 `
