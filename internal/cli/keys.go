@@ -56,10 +56,11 @@ func runKeys(ctx context.Context, e *env, args []string) error {
 	return keysMain(ctx, e, args, openExisting)
 }
 
-// openExisting opens a store without creating a SQLite file: `idem keys` on
-// a mistyped path fails rather than report an empty new database.
+// openExisting opens a store without creating or migrating anything (see
+// openInspect): `idem keys` on a mistyped path or the wrong schema fails
+// rather than report an empty new database.
 func openExisting(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
-	return storeurl.OpenWith(ctx, rawURL, &storeurl.Options{NoCreate: true})
+	return openInspect(ctx, rawURL)
 }
 
 // keysMain dispatches `idem keys` to its subcommand.

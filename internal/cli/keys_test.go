@@ -184,7 +184,7 @@ func TestKeysUsage(t *testing.T) {
 		{[]string{"keys", "resolve", "--help"}, ExitOK, "Usage: idem keys resolve --endpoint ENDPOINT", ""},
 		{[]string{"keys", "purge", "-h"}, ExitOK, "--key KEY  (IDEM_KEY)", ""},
 		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys -h' for usage."},
-		{[]string{"keys", "list", "--store", "sqlite:" + filepath.Join(t.TempDir(), "typo.db")}, ExitError, "", "idem keys: opening the store: store \"sqlite:"},
+		{[]string{"keys", "list", "--store", "sqlite:" + filepath.Join(t.TempDir(), "typo.db")}, ExitError, "", "idem keys: opening the store: store sqlite:"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCommand(t, nil, tt.args...)
