@@ -228,12 +228,26 @@ func runMigrate(ctx context.Context, e *env, args []string) (err error) {
 			return err
 		}
 		printMigrations(e.stdout, ms)
+		sets, err := otherMigrationSets(ctx, o.store, store)
+		if err != nil {
+			return err
+		}
+		printMigrationSets(e.stdout, sets)
 	}
 	return nil
 }
 
-// printMigrations prints the migration status table.
+// printMigrations prints the migration status table of the keys.
 func printMigrations(w io.Writer, ms []migration) {
+	fmt.Fprintln(w, "keys (idem_migrations)")
+	if pending := printMigrationTable(w, ms); pending > 0 {
+		fmt.Fprintf(w, "%d pending: run 'idem migrate up'.\n", pending)
+	}
+}
+
+// printMigrationTable prints one set's table and returns how many of its
+// migrations are pending.
+func printMigrationTable(w io.Writer, ms []migration) int {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MIGRATION\tSTATUS\tAPPLIED AT")
 	pending := 0
@@ -247,7 +261,5 @@ func printMigrations(w io.Writer, ms []migration) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", m, status, at)
 	}
 	tw.Flush()
-	if pending > 0 {
-		fmt.Fprintf(w, "%d pending: run 'idem migrate up'.\n", pending)
-	}
+	return pending
 }

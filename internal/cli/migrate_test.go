@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -219,5 +220,37 @@ func TestMigrateFailures(t *testing.T) {
 	code, _, stderr = runCommand(t, nil, "migrate", "--store", "memory:")
 	if code != ExitUsage || !strings.Contains(stderr, "want an action") {
 		t.Errorf("no action: exit %d, stderr %q; want 2", code, stderr)
+	}
+}
+
+// On the payments service's database, status lists the three migration
+// sets it holds: the keys', the outbox's and the payments table's.
+func TestMigrateStatusListsEverySet(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{sqliteURL(t), postgresURL(t)} {
+		e := newTestEnv(nil)
+		_, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--store", store)...)
+		if code := stop(); code != ExitOK {
+			t.Fatalf("payments exit %d: %s", code, e.stderr)
+		}
+		out := mustRun(t, "migrate", "status", "--store", store)
+		for _, want := range []string{
+			`(?m)^keys \(idem_migrations\)\nMIGRATION\s+STATUS\s+APPLIED AT\n001_create_keys\s+applied`,
+			`(?m)^outbox \(idem_outbox_migrations\)\nMIGRATION\s+STATUS\s+APPLIED AT\n001_\S+\s+applied`,
+			`(?m)^payments \(payments_migrations\)\nMIGRATION\s+STATUS\s+APPLIED AT\n001_\S+\s+applied`,
+		} {
+			if !regexp.MustCompile(want).MatchString(out) {
+				t.Errorf("status on %s lacks %s:\n%s", storeurl.Redact(store), want, out)
+			}
+		}
+		if strings.Contains(out, "pending") {
+			t.Errorf("status after payments migrated shows pending migrations:\n%s", out)
+		}
+	}
+	// A keys-only database lists the keys alone.
+	store := sqliteURL(t)
+	mustRun(t, "migrate", "up", "--store", store)
+	if out := mustRun(t, "migrate", "status", "--store", store); strings.Contains(out, "outbox") || strings.Contains(out, "payments") {
+		t.Errorf("status of a keys-only database lists other sets:\n%s", out)
 	}
 }
