@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -16,17 +17,46 @@ import (
 // flagSet is a subcommand's flags with its usage text.
 type flagSet struct {
 	*flag.FlagSet
-	synopsis string // e.g. "idem proxy --upstream URL [flags]"
-	about    string // a paragraph on what the command does
+	synopsis  string // e.g. "idem proxy --upstream URL [flags]"
+	about     string // a paragraph on what the command does
+	logLevel  string
+	logFormat string
 }
 
-// newFlagSet returns an empty flagSet. It prints nothing itself: parse
-// returns the errors and prints the help asked for.
+// Log settings every command takes.
+const (
+	defaultLogLevel  = "info"
+	defaultLogFormat = "text"
+)
+
+// newFlagSet returns a flagSet with the log flags every command takes
+// (--log-level, --log-format). It prints nothing itself: parse returns the
+// errors and prints the help asked for.
 func newFlagSet(name, synopsis, about string) *flagSet {
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	return &flagSet{FlagSet: fs, synopsis: synopsis, about: about}
+	f := &flagSet{FlagSet: fs, synopsis: synopsis, about: about, logLevel: defaultLogLevel, logFormat: defaultLogFormat}
+	fs.Var(oneOfValue{&f.logLevel, []string{"debug", "info", "warn", "error"}}, "log-level",
+		"`LEVEL` of the log on stderr: debug, info (at most one line per request), warn or error")
+	fs.Var(oneOfValue{&f.logFormat, []string{"text", "json"}}, "log-format", "`FORMAT` of the log on stderr: text (logfmt) or json")
+	return f
+}
+
+// applyLog replaces e.logger when --log-level or --log-format (or their
+// variables) differ from the defaults.
+func (fs *flagSet) applyLog(e *env) {
+	if fs.logLevel == defaultLogLevel && fs.logFormat == defaultLogFormat {
+		return
+	}
+	var level slog.Level
+	level.UnmarshalText([]byte(fs.logLevel)) // checked by the flag
+	opts := &slog.HandlerOptions{Level: level}
+	if fs.logFormat == "json" {
+		e.logger = slog.New(slog.NewJSONHandler(e.stderr, opts))
+	} else {
+		e.logger = slog.New(slog.NewTextHandler(e.stderr, opts))
+	}
 }
 
 // envName is the environment variable a flag falls back to, for the flags
@@ -93,6 +123,9 @@ func (fs *flagSet) parse(args []string, e *env) error {
 			err = usageErrorf("invalid value %q for %s: %v", v, name, serr)
 		}
 	})
+	if err == nil {
+		fs.applyLog(e)
+	}
 	return err
 }
 

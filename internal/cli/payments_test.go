@@ -275,7 +275,7 @@ func TestPaymentsWithExternalProvider(t *testing.T) {
 	}
 
 	e := newTestEnv(nil)
-	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--provider-url", bank)...)
+	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--provider-url", bank, "--log-level", "debug")...)
 	resp, body := postPayment(t, base, payToken, "external-1")
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST: %d %s", resp.StatusCode, body)

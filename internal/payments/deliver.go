@@ -90,7 +90,7 @@ func (s *Service) succeed(ctx context.Context, log *slog.Logger, p *Payment, ch 
 		return outbox.OutcomeRetry, fmt.Errorf("recording charge %s: %w", ch.ID, err)
 	}
 	if changed {
-		log.Info("payments: payment succeeded", "charge_id", ch.ID)
+		log.Debug("payments: payment succeeded", "charge_id", ch.ID)
 	}
 	return outbox.OutcomeDelivered, nil
 }

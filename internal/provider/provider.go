@@ -213,11 +213,11 @@ func (p *Provider) createCharge(w http.ResponseWriter, r *http.Request) {
 				"This Idempotency-Key was already used for another charge.")
 			return
 		}
-		p.log.Info("provider: charge exists for this key", "charge_id", existing.ID, "key_hash", keyHash(key))
+		p.log.Debug("provider: charge exists for this key", "charge_id", existing.ID, "key_hash", keyHash(key))
 		writeJSON(w, http.StatusOK, existing)
 		return
 	}
-	p.log.Info("provider: charged", "charge_id", c.ID, "key_hash", keyHash(key),
+	p.log.Debug("provider: charged", "charge_id", c.ID, "key_hash", keyHash(key),
 		"amount_cents", c.AmountCents, "currency", c.Currency)
 	w.Header().Set("Location", "/charges/"+c.ID)
 	writeJSON(w, http.StatusCreated, c)
