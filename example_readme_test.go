@@ -1,0 +1,114 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemclient"
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemsqlite"
+)
+
+// The examples in this file hold the README's Go snippets, verbatim between
+// the "README" comments; TestReadmeSnippets checks that every snippet of the
+// README is one of them, so each compiles and, where it has an Output, runs.
+
+// tenantFromAuth and createPayment are the application's, in the README's
+// quick start.
+func tenantFromAuth(r *http.Request) (string, error) {
+	if r.Header.Get("Authorization") == "" {
+		return "", errors.New("no credential")
+	}
+	return "tenant-a", nil
+}
+
+func createPayment(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"id":"pay_1"}`)
+}
+
+// The README's quick start (compiled, not run: it opens ./idem.db).
+func Example_readmeQuickStart() {
+	// README
+	store, err := idemsqlite.Open("idem.db", nil) // durable, WAL, synchronous=FULL
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	protect := idem.New(store, &idem.Config{
+		RequireKey: true,
+		Scope:      func(r *http.Request) (string, error) { return tenantFromAuth(r) },
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", protect(http.HandlerFunc(createPayment)))
+	// README
+	_ = http.ListenAndServe("127.0.0.1:8080", mux)
+}
+
+// paymentsAPI serves the quick start's route on the memory store and
+// returns its URL.
+func paymentsAPI() (string, func()) {
+	protect := idem.New(idemmem.New(nil), &idem.Config{RequireKey: true})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", protect(http.HandlerFunc(createPayment)))
+	srv := httptest.NewServer(mux)
+	return srv.URL, srv.Close
+}
+
+// The README's client: one logical call, its key generated.
+func Example_readmeClient() {
+	api, stop := paymentsAPI()
+	defer stop()
+	ctx := context.Background()
+	// README
+	c := idemclient.NewClient() // exported fields, like hashicorp/go-retryablehttp
+	req, err := http.NewRequestWithContext(ctx, "POST", api+"/v1/payments", strings.NewReader(`{"amount_cents":1999}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp, err := c.Do(req) // one key (UUID v4) for every attempt
+	if err != nil {
+		log.Fatal(err) // an *idemclient.Error carries the key, to resume the call later
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.StatusCode, resp.Replayed, resp.Attempts, len(resp.Key))
+	// README
+	// Output:
+	// 201 false 1 36
+}
+
+// The README's standard client with a key of the application's: the second
+// call is the same logical call, so it is replayed.
+func Example_readmeStandardClientWithKey() {
+	api, stop := paymentsAPI()
+	defer stop()
+	ctx := context.Background()
+	// README
+	hc := idemclient.NewClient().StandardClient() // an *http.Client for code that wants one
+	// The key is saved with the order: after a crash, the retry is the same logical call.
+	ctx = idemclient.WithKey(ctx, "order-1001")
+	for range 2 {
+		req, err := http.NewRequestWithContext(ctx, "POST", api+"/v1/payments", strings.NewReader(`{"amount_cents":1999}`))
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get("Idempotent-Replayed")) // 201, then 201 true
+	}
+	// README
+	// Output:
+	// 201
+	// 201 true
+}
