@@ -43,7 +43,7 @@ func (o *opsOptions) consoleURL() string {
 }
 
 // consoleSignIn says how to sign in to the console, for banners.
-const consoleSignIn = "sign in with the --console-token value (or send it as Authorization: Bearer)"
+const consoleSignIn = "sign in with the --console-token value; scripts send it as Authorization: Bearer"
 
 // register adds --ops-listen and --console-token to fs.
 func (o *opsOptions) register(fs *flagSet) {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -59,7 +61,6 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	o := &paymentsOptions{
 		listen:            "127.0.0.1:8080",
 		providerListen:    "127.0.0.1:8081",
-		providerStore:     provider.DefaultStore,
 		store:             paysvc.DefaultStore,
 		relayWorkers:      paysvc.DefaultRelayWorkers,
 		relayInterval:     paysvc.DefaultRelayInterval,
@@ -78,7 +79,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` of the API; port 0 picks a free one")
 	fs.StringVar(&o.providerListen, "provider-listen", o.providerListen, "`ADDR` of the in-process provider")
 	fs.Var(httpURLValue{&o.providerURL}, "provider-url", "`URL` of an external provider (idem provider) to use instead of starting one")
-	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://…")
+	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://… (default: beside --store: a file NAME-provider.db next to its file, or the schema NAME_provider in its database)")
 	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH or postgres://… (?schema=NAME)")
 	fs.Var(secretValue{&o.tokensRaw}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
 	registerFaults(fs, &o.faults, "provider-")
@@ -102,6 +103,11 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 			return nil, usageErrorf("--tokens (or %s): %v", envName("tokens"), err)
 		}
 	}
+	if o.providerStore == "" {
+		if o.providerStore, err = providerStoreBeside(o.store); err != nil {
+			return nil, usageErrorf("--provider-store: %v", err)
+		}
+	}
 	if v, ok := e.lookupEnv(crashEnv); ok && v != "" {
 		if !slices.Contains(paysvc.CrashPoints, paysvc.CrashPoint(v)) {
 			return nil, usageErrorf("invalid value %q for %s: want one of %v", v, crashEnv, paysvc.CrashPoints)
@@ -109,6 +115,36 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 		o.crashAt = paysvc.CrashPoint(v)
 	}
 	return o, nil
+}
+
+// providerStoreBeside returns the in-process provider's ledger for the
+// service's store: for sqlite:DIR/NAME.db the file DIR/NAME-provider.db
+// (sqlite:./idem.db gives sqlite:./idem-provider.db), for PostgreSQL the
+// same database with the schema NAME_provider (NAME is the store's schema,
+// "idem" when it has none), so the provider's own idempotency records stay
+// apart from the service's.
+func providerStoreBeside(store string) (string, error) {
+	switch storeurl.Kind(store) {
+	case storeurl.KindSQLite:
+		_, rest, _ := strings.Cut(store, ":")
+		path, query, hasQuery := strings.Cut(rest, "?")
+		ext := filepath.Ext(path)
+		path = strings.TrimSuffix(path, ext) + "-provider" + cmp.Or(ext, ".db")
+		if hasQuery {
+			path += "?" + query
+		}
+		return "sqlite:" + path, nil
+	case storeurl.KindPostgres:
+		u, err := url.Parse(store)
+		if err != nil {
+			return "", errors.New("the store URL does not parse")
+		}
+		q := u.Query()
+		q.Set("schema", cmp.Or(q.Get("schema"), "idem")+"_provider")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return provider.DefaultStore, nil
 }
 
 // secretValue is a string flag whose value is never shown.
@@ -292,6 +328,9 @@ func printBanner(w io.Writer, o *paymentsOptions, api, providerURL string, demo 
 	fmt.Fprintf(&b, "  API       %s/v1/payments\n", api)
 	fmt.Fprintf(&b, "  provider  %s (%s; its ledger: GET %s/charges)\n", storeurl.Redact(providerURL), where, storeurl.Redact(providerURL))
 	fmt.Fprintf(&b, "  store     %s\n", storeurl.Redact(o.store))
+	if o.providerURL == nil {
+		fmt.Fprintf(&b, "  ledger    %s (the in-process provider's; --provider-store to move it)\n", storeurl.Redact(o.providerStore))
+	}
 	if o.ops.addr != "" {
 		fmt.Fprintf(&b, "  metrics   http://%s/metrics\n", o.ops.addr)
 	}

@@ -23,6 +23,26 @@ const (
 	payOtherToken = "globex-token-0123456789"
 )
 
+func TestProviderStoreBeside(t *testing.T) {
+	t.Parallel()
+	for store, want := range map[string]string{
+		"sqlite:./idem.db": "sqlite:./idem-provider.db",
+		"sqlite:/var/lib/pay/main.sqlite?synchronous=NORMAL": "sqlite:/var/lib/pay/main-provider.sqlite?synchronous=NORMAL",
+		"sqlite:data":                          "sqlite:data-provider.db",
+		"postgres://u@db:5432/pay?schema=shop": "postgres://u@db:5432/pay?schema=shop_provider",
+		"postgres://u@db:5432/pay":             "postgres://u@db:5432/pay?schema=idem_provider",
+	} {
+		got, err := providerStoreBeside(store)
+		if err != nil || got != want {
+			t.Errorf("providerStoreBeside(%q) = %q, %v; want %q", store, got, err, want)
+		}
+	}
+	o, err := parsePayments([]string{"--store", "sqlite:/tmp/x/pay.db", "--provider-store", "sqlite:/tmp/ledger.db"}, newTestEnv(nil).env)
+	if err != nil || o.providerStore != "sqlite:/tmp/ledger.db" {
+		t.Errorf("--provider-store given: %v %v", o, err)
+	}
+}
+
 func TestParsePayments(t *testing.T) {
 	t.Parallel()
 	t.Run("defaults", func(t *testing.T) {
@@ -31,7 +51,7 @@ func TestParsePayments(t *testing.T) {
 			t.Fatal(err)
 		}
 		if o.listen != "127.0.0.1:8080" || o.providerListen != "127.0.0.1:8081" || o.store != "sqlite:./idem.db" ||
-			o.providerStore != provider.DefaultStore || o.providerURL != nil || o.tokens != nil || !o.demo ||
+			o.providerStore != "sqlite:./idem-provider.db" || o.providerURL != nil || o.tokens != nil || !o.demo ||
 			o.relayWorkers != 1 || o.maxAttempts != paysvc.DefaultMaxAttempts || o.crashAt != "" {
 			t.Errorf("defaults %+v", o)
 		}
