@@ -90,7 +90,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.lease}, "lease", "`DURATION` of a payment request's in-progress lock, renewed while it runs; after a crash a retry waits this long")
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
-	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant, send one payment twice at start to show the replay")
+	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant on a fresh database, send one payment twice at start to show the replay")
 	o.ops.register(fs)
 	err := fs.parse(args, e)
 	if err != nil {
@@ -219,9 +219,6 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	}
 	tokens := o.tokens
 	demo := tokens == nil
-	if demo {
-		tokens = map[string]string{demoTenant: newDemoToken()}
-	}
 
 	providerURL := ""
 	if o.providerURL != nil {
@@ -254,12 +251,20 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		Metrics:           metrics,
 		Logger:            e.logger,
 	}
+	if demo {
+		// The demo token is kept in the database: copied curl lines keep
+		// working after a restart.
+		cfg.DemoTenant = demoTenant
+	}
 	if o.crashAt != "" {
 		cfg.Crash = crashHook(e, o.crashAt)
 	}
 	svc, err := paysvc.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("opening the service: %w", err)
+	}
+	if demo {
+		tokens = map[string]string{demoTenant: svc.DemoToken()}
 	}
 	defer func() {
 		// After the HTTP drain: the relays finish the charge in flight.
@@ -303,7 +308,9 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	printBanner(e.stdout, o, api, providerURL, demo, tokens)
 
 	var demoDone sync.WaitGroup
-	if demo && o.demo {
+	if demo && o.demo && svc.Fresh() {
+		// Only on a fresh database: a durable one does not gather a demo
+		// payment at every start.
 		demoCtx, stopDemo := context.WithCancel(ctx)
 		defer stopDemo()
 		demoDone.Go(func() { showReplay(demoCtx, e, api, tokens[demoTenant]) })
@@ -339,7 +346,7 @@ func printBanner(w io.Writer, o *paymentsOptions, api, providerURL string, demo 
 	}
 	fmt.Fprintf(&b, "  pid       %d (Ctrl-C or kill -TERM %d stops it; `go run`'s own PID is another process)\n", os.Getpid(), os.Getpid())
 	if demo {
-		fmt.Fprintf(&b, "  tenant    %q, token %s (made for this run; --tokens TENANT=TOKEN,… for your own)\n", demoTenant, token)
+		fmt.Fprintf(&b, "  tenant    %q, token %s (kept in the store, the same at every start; --tokens TENANT=TOKEN,… for your own)\n", demoTenant, token)
 	} else {
 		fmt.Fprintf(&b, "  tenants   %d, from --tokens\n", len(tokens))
 	}
@@ -412,8 +419,6 @@ func crashHook(e *env, at paysvc.CrashPoint) func(paysvc.CrashPoint) {
 		select {} // the signal is on its way
 	}
 }
-
-func newDemoToken() string { return "demo_" + randomHex(16) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -194,7 +194,8 @@ func TestPaymentsDemo(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(nil)
 	base, stop := payCommand(t, e, payArgs(t)...)
-	if !e.stdout.waitFor("Idempotent-Replayed: true", 10*time.Second) {
+	// (The banner says "Idempotent-Replayed: true" too: wait for the demo.)
+	if !e.stdout.waitFor("One payment, one charge", 10*time.Second) {
 		t.Fatalf("no replay shown; stdout:\n%s\nstderr:\n%s", e.stdout, e.stderr)
 	}
 	out := e.stdout.String()
@@ -428,5 +429,55 @@ func TestPaymentsBannerShowsConsole(t *testing.T) {
 	}
 	if code := stop(); code != ExitOK {
 		t.Errorf("exit %d; stderr %s", code, e.stderr)
+	}
+}
+
+// The demo token is kept in the database: a restart prints the same one,
+// and the start-up demo pays only on a fresh database.
+func TestPaymentsDemoTokenSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	args := payArgs(t)
+	tokenOf := func(out string) string {
+		m := regexp.MustCompile(`token (demo_[0-9a-f]+) \(kept in the store`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no demo token in:\n%s", out)
+		}
+		return m[1]
+	}
+	e1 := newTestEnv(nil)
+	_, stop := payCommand(t, e1, args...)
+	if !e1.stdout.waitFor("One payment, one charge", 10*time.Second) {
+		t.Fatalf("no demo on a fresh database:\n%s", e1.stdout)
+	}
+	if code := stop(); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, e1.stderr)
+	}
+	first := tokenOf(e1.stdout.String())
+
+	e2 := newTestEnv(nil)
+	base, stop := payCommand(t, e2, args...)
+	if !e2.stdout.waitFor("idem payments is running.", 10*time.Second) {
+		t.Fatalf("no banner:\n%s", e2.stdout)
+	}
+	if got := tokenOf(e2.stdout.String()); got != first {
+		t.Errorf("the restart made token %s, want the first start's %s", got, first)
+	}
+	// The first start's demo made one payment; the restart makes none.
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/payments", nil)
+	req.Header.Set("Authorization", "Bearer "+first)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(body), `"id":"pay_`); resp.StatusCode != http.StatusOK || n != 1 {
+		t.Errorf("after a restart: %d, %d payments, want 1 (the first start's demo): %s", resp.StatusCode, n, body)
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit %d: %s", code, e2.stderr)
+	}
+	if strings.Contains(e2.stdout.String(), "A retry, replayed") {
+		t.Errorf("the restart ran the demo again:\n%s", e2.stdout)
 	}
 }

@@ -65,8 +65,13 @@ type Config struct {
 	// (?schema=NAME). It holds the idempotency keys, the outbox and the
 	// payments, migrated at start. Defaults to DefaultStore, sqlite:./idem.db.
 	Store string
-	// Tokens maps each tenant to its bearer token. Required: at least one.
+	// Tokens maps each tenant to its bearer token. Required unless
+	// DemoTenant is set: at least one.
 	Tokens map[string]string
+	// DemoTenant, with no Tokens, is the only tenant; its token is kept in
+	// the database: made by NewDemoToken on the first start, read on the
+	// next ones (Service.DemoToken). Defaults to "": Tokens are required.
+	DemoTenant string
 	// ProviderURL is the payment provider's base URL, e.g.
 	// http://127.0.0.1:8081. Required.
 	ProviderURL string
@@ -191,8 +196,16 @@ func (c *Config) withDefaults() Config {
 
 // validate checks the required fields.
 func (c *Config) validate() error {
-	if len(c.Tokens) == 0 {
+	if len(c.Tokens) == 0 && c.DemoTenant == "" {
 		return errors.New("payments: Config.Tokens names no tenant")
+	}
+	if c.DemoTenant != "" {
+		if len(c.Tokens) != 0 {
+			return errors.New("payments: Config.DemoTenant and Config.Tokens are exclusive")
+		}
+		if err := ValidateTenant(c.DemoTenant); err != nil {
+			return err
+		}
 	}
 	seen := make(map[string]string)
 	for tenant, token := range c.Tokens {

@@ -139,6 +139,7 @@ type queries struct {
 	insert, getByKey, get, getByID, list                 string
 	markSucceeded, markFailed, markUnknown, deferRecheck string
 	unsettled                                            string
+	settingGet, settingAdd, anyPayment                   string
 }
 
 // newQueries picks the service's statements out of one dialect's and puts
@@ -162,6 +163,9 @@ func newQueries(statements map[string]string, schema string) queries {
 		markUnknown:   q("mark_unknown"),
 		deferRecheck:  q("defer_reconcile"),
 		unsettled:     q("unsettled"),
+		settingGet:    q("setting_get"),
+		settingAdd:    q("setting_add"),
+		anyPayment:    q("any_payment"),
 	}
 }
 
@@ -178,6 +182,11 @@ type unsettledPayment struct {
 
 // repo is the payments table in one SQL dialect.
 type repo interface {
+	// setting returns the setting name, storing value first when the
+	// database has none (the first caller's value wins).
+	setting(ctx context.Context, name, value string) (string, error)
+	// anyPayment reports whether the database holds a payment.
+	anyPayment(ctx context.Context) (bool, error)
 	// migrator returns the runner of the payments table's migrations,
 	// which dates them by now.
 	migrator(now func() time.Time) *migrate.Runner
@@ -254,6 +263,21 @@ func (r *sqliteRepo) enqueueTx(ctx context.Context, tx idemstore.Tx, ob outbox.S
 		return 0, err
 	}
 	return ob.(*outbox.SQLiteStore).Enqueue(ctx, stx, m)
+}
+
+func (r *sqliteRepo) setting(ctx context.Context, name, value string) (string, error) {
+	if _, err := r.db.ExecContext(ctx, r.q.settingAdd, name, value); err != nil {
+		return "", err
+	}
+	var v string
+	err := r.db.QueryRowContext(ctx, r.q.settingGet, name).Scan(&v)
+	return v, err
+}
+
+func (r *sqliteRepo) anyPayment(ctx context.Context) (bool, error) {
+	var exists bool
+	err := r.db.QueryRowContext(ctx, r.q.anyPayment).Scan(&exists)
+	return exists, err
 }
 
 func (r *sqliteRepo) get(ctx context.Context, tenant, id string) (*Payment, error) {
@@ -418,6 +442,21 @@ func (r *pgxRepo) enqueueTx(ctx context.Context, tx idemstore.Tx, ob outbox.Stor
 		return 0, err
 	}
 	return ob.(*outbox.PgxStore).Enqueue(ctx, ptx, m)
+}
+
+func (r *pgxRepo) setting(ctx context.Context, name, value string) (string, error) {
+	if _, err := r.pool.Exec(ctx, r.q.settingAdd, name, value); err != nil {
+		return "", err
+	}
+	var v string
+	err := r.pool.QueryRow(ctx, r.q.settingGet, name).Scan(&v)
+	return v, err
+}
+
+func (r *pgxRepo) anyPayment(ctx context.Context) (bool, error) {
+	var exists bool
+	err := r.pool.QueryRow(ctx, r.q.anyPayment).Scan(&exists)
+	return exists, err
 }
 
 func (r *pgxRepo) get(ctx context.Context, tenant, id string) (*Payment, error) {

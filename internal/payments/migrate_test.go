@@ -94,12 +94,14 @@ func TestMigrationsLegacyTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(status) != 1 || status[0].Version != 1 || status[0].Name != "create_payments" ||
-			!status[0].Applied || !status[0].AppliedAt.Equal(legacyAt) {
-			t.Fatalf("Status = %+v; want 001_create_payments applied at %v", status, legacyAt)
+		// 001 keeps its legacy date; 002 is applied now.
+		if len(status) != 2 || status[0].Version != 1 || status[0].Name != "create_payments" ||
+			!status[0].Applied || !status[0].AppliedAt.Equal(legacyAt) ||
+			status[1].Name != "create_settings" || !status[1].Applied {
+			t.Fatalf("Status = %+v; want 001_create_payments applied at %v, then 002_create_settings", status, legacyAt)
 		}
-		if n := b.count(t, "payments_migrations"); n != 1 {
-			t.Errorf("%d rows in payments_migrations, want 1", n)
+		if n := b.count(t, "payments_migrations"); n != 2 {
+			t.Errorf("%d rows in payments_migrations, want 2", n)
 		}
 		p := b.mustCreate(t, "legacy-1", 1200)
 		if got := b.status(t, p.ID); got.ID != p.ID || got.Status != StatusPending {
@@ -166,13 +168,20 @@ func TestMigrationsDown(t *testing.T) {
 			defer d.close()
 			r := d.repo.migrator(now)
 			migrated := schemaObjects(t, d)
-			for _, want := range []string{"payments", "payments_migrations", "payments_tenant_seq_idx", "payments_unsettled_idx"} {
+			for _, want := range []string{"payments", "payments_migrations", "payments_tenant_seq_idx", "payments_unsettled_idx", "payments_settings"} {
 				if !slices.Contains(migrated, want) {
 					t.Fatalf("after New, the database has %q, want %s among them", migrated, want)
 				}
 			}
 
 			s, err := r.Down(t.Context())
+			if err != nil || s == nil || s.Version != 2 || s.Applied {
+				t.Fatalf("Down = %+v, %v; want 002 reverted", s, err)
+			}
+			if left := schemaObjects(t, d); slices.Contains(left, "payments_settings") || !slices.Contains(left, "payments") {
+				t.Errorf("after reverting 002, the database has %q", left)
+			}
+			s, err = r.Down(t.Context())
 			if err != nil || s == nil || s.Version != 1 || s.Applied {
 				t.Fatalf("Down = %+v, %v; want 001 reverted", s, err)
 			}
@@ -189,8 +198,8 @@ func TestMigrationsDown(t *testing.T) {
 			}
 
 			done, err := r.Up(t.Context())
-			if err != nil || len(done) != 1 || done[0].Version != 1 || !done[0].AppliedAt.Equal(at) {
-				t.Fatalf("Up after Down = %+v, %v; want 001 applied at %v", done, err, at)
+			if err != nil || len(done) != 2 || done[0].Version != 1 || done[1].Version != 2 || !done[0].AppliedAt.Equal(at) {
+				t.Fatalf("Up after Down = %+v, %v; want 001 and 002 applied at %v", done, err, at)
 			}
 			if again := schemaObjects(t, d); !slices.Equal(again, migrated) {
 				t.Errorf("after Up again, the database has %q, want %q as after New", again, migrated)

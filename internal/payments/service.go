@@ -2,7 +2,9 @@ package payments
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,7 +33,11 @@ type Service struct {
 	db       *database
 	provider *providerClient
 	tokens   map[[sha256.Size]byte]string // SHA-256 of a token → tenant
-	handler  http.Handler
+	// demoToken is Config.DemoTenant's token; fresh reports that the
+	// database held no payment when New opened it.
+	demoToken string
+	fresh     bool
+	handler   http.Handler
 	relays   []*outbox.Relay
 	maint    *idemmaint.Maintainer
 
@@ -42,6 +48,20 @@ type Service struct {
 	wg       sync.WaitGroup
 	closeErr error
 }
+
+// NewDemoToken returns a new random token for Config.DemoTenant.
+func NewDemoToken() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return "demo_" + hex.EncodeToString(b)
+}
+
+// DemoToken returns Config.DemoTenant's token, kept in the database; ""
+// without a DemoTenant.
+func (s *Service) DemoToken() string { return s.demoToken }
+
+// Fresh reports whether the database held no payment when New opened it.
+func (s *Service) Fresh() bool { return s.fresh }
 
 // New opens the database cfg.Store names, applies its migrations and
 // returns the service, not started. Close it when done.
@@ -61,6 +81,23 @@ func New(ctx context.Context, cfg *Config) (*Service, error) {
 		provider: &providerClient{base: trimBase(c.ProviderURL), client: c.HTTPClient},
 		tokens:   make(map[[sha256.Size]byte]string),
 		stopping: make(chan struct{}),
+	}
+	exists, err := db.repo.anyPayment(ctx)
+	if err != nil {
+		db.close()
+		return nil, fmt.Errorf("payments: reading the payments table: %w", err)
+	}
+	s.fresh = !exists
+	if c.DemoTenant != "" {
+		// The first start's token wins: concurrent first starts agree.
+		token, err := db.repo.setting(ctx, "demo_token:"+c.DemoTenant, NewDemoToken())
+		if err != nil {
+			db.close()
+			return nil, fmt.Errorf("payments: keeping the demo token: %w", err)
+		}
+		s.demoToken = token
+		c.Tokens = map[string]string{c.DemoTenant: token}
+		s.cfg.Tokens = c.Tokens
 	}
 	for tenant, token := range c.Tokens {
 		s.tokens[sha256.Sum256([]byte(token))] = tenant

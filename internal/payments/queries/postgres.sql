@@ -60,3 +60,13 @@ WHERE p.status IN ('pending', 'requires_reconciliation')
   AND (p.status = 'requires_reconciliation' OR o.state IS NULL OR o.state <> 'pending')
   AND (p.next_reconcile_at IS NULL OR p.next_reconcile_at <= $1)
 ORDER BY p.seq LIMIT $2
+
+-- name: setting_get
+SELECT value FROM {{schema}}payments_settings WHERE name = $1
+
+-- name: setting_add
+INSERT INTO {{schema}}payments_settings (name, value) VALUES ($1, $2)
+ON CONFLICT (name) DO NOTHING
+
+-- name: any_payment
+SELECT EXISTS (SELECT 1 FROM {{schema}}payments)
