@@ -38,8 +38,8 @@ type Service struct {
 	demoToken string
 	fresh     bool
 	handler   http.Handler
-	relays   []*outbox.Relay
-	maint    *idemmaint.Maintainer
+	relays    []*outbox.Relay
+	maint     *idemmaint.Maintainer
 
 	runMu    sync.Mutex
 	started  bool
