@@ -327,3 +327,48 @@ func TestPercentile(t *testing.T) {
 
 // discardLogger keeps the middleware quiet.
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// The first body of each 4xx status is kept (bounded), so a run the
+// service refuses can say why.
+func TestRunKeepsTheFirstClientErrors(t *testing.T) {
+	t.Parallel()
+	var n sync.Mutex
+	i := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Lock()
+		i++
+		k := i
+		n.Unlock()
+		switch {
+		case k%4 == 0:
+			w.WriteHeader(http.StatusCreated)
+		case k%4 == 1:
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			io.WriteString(w, `{"code":"validation-failed"}`+strings.Repeat(" ", 2*MaxErrorBody))
+		default:
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"code":"unauthorized"}`)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(t.Context(), &Config{URL: srv.URL, Requests: 40, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status[401] != 20 || res.Status[422] != 10 || res.Status[201] != 10 {
+		t.Fatalf("status %v", res.Status)
+	}
+	if share := res.ClientErrorShare(); share != 0.75 {
+		t.Errorf("4xx share %v, want 0.75", share)
+	}
+	code, body := res.MostCommonClientError()
+	if code != 401 || string(body) != `{"code":"unauthorized"}` {
+		t.Errorf("most common 4xx: %d %q", code, body)
+	}
+	if b := res.ClientErrors[422]; len(b) != MaxErrorBody || !strings.HasPrefix(string(b), `{"code":"validation-failed"}`) {
+		t.Errorf("422 body kept: %d bytes, want the first %d", len(b), MaxErrorBody)
+	}
+	if _, ok := res.ClientErrors[201]; ok {
+		t.Error("a 2xx body was kept")
+	}
+}
