@@ -1,0 +1,163 @@
+package idemcrypt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// DefaultRotateBatch is the default RotateConfig.Batch.
+const DefaultRotateBatch = 500
+
+// RotateConfig configures Rotate. A nil *RotateConfig means all defaults.
+type RotateConfig struct {
+	// Batch is how many records are listed and rewritten per step.
+	// Defaults to DefaultRotateBatch.
+	Batch int
+	// After resumes a rotation after this record (the Cursor of a
+	// RotateProgress). Defaults to the start. Rotating again from the start
+	// is also safe: records already under the sealing key are skipped.
+	After *idemstore.Identity
+	// Progress, when set, is called after every batch with the totals so far.
+	Progress func(RotateProgress)
+}
+
+// RotateProgress counts what Rotate did.
+type RotateProgress struct {
+	// Scanned counts the completed records looked at.
+	Scanned int
+	// Resealed counts the responses rewritten under the sealing key: those
+	// sealed under another key and those stored in the clear.
+	Resealed int
+	// Current counts the responses already under the sealing key, and
+	// records with no stored response.
+	Current int
+	// Gone counts records that changed or expired between the listing and
+	// the rewrite (a new incarnation of the key is sealed when stored).
+	Gone int
+	// Unopenable counts responses that could not be opened, by the name of
+	// the key that sealed them: keys missing from the keyring, or a
+	// response that does not authenticate. They are left as they are.
+	Unopenable map[string]int
+	// Cursor is the last record of the last batch: pass it as
+	// RotateConfig.After to resume.
+	Cursor *idemstore.Identity
+}
+
+// Failed returns the number of responses that could not be opened.
+func (p RotateProgress) Failed() int {
+	n := 0
+	for _, c := range p.Unopenable {
+		n += c
+	}
+	return n
+}
+
+// FailedKeys returns the names of the keys of the responses that could not
+// be opened, sorted.
+func (p RotateProgress) FailedKeys() []string {
+	return slices.Sorted(maps.Keys(p.Unopenable))
+}
+
+// Rotate rewrites every completed record's response under kr's sealing key,
+// in batches of cfg.Batch: responses sealed under another key of kr are
+// opened and sealed again, responses stored in the clear are sealed. It
+// works on the records as stored, so store is the store below the
+// encrypting wrapper (a *Store from New is unwrapped), and it must
+// implement idemstore.Resealer.
+//
+// Each rewrite is fenced on the record's token, so a record replaced by a
+// new incarnation meanwhile is left alone (counted in Gone). A response
+// that cannot be opened is counted in Unopenable and left as it is; the
+// rotation goes on. Rotate stops at ctx's end and returns the progress so
+// far with the error; resume with its Cursor.
+//
+// While it runs, processes with the old keyring keep replaying: every
+// record is at all times sealed under the old key or the new one, so keep
+// the old key in every keyring until Rotate has reported no failures.
+func Rotate(ctx context.Context, store idemstore.Store, kr *Keyring, cfg *RotateConfig) (RotateProgress, error) {
+	var c RotateConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Batch <= 0 {
+		c.Batch = DefaultRotateBatch
+	}
+	prog := RotateProgress{Unopenable: map[string]int{}}
+	if kr == nil {
+		return prog, errors.New("idemcrypt: Rotate needs a keyring")
+	}
+	if w, ok := store.(interface{ Unwrap() idemstore.Store }); ok {
+		if _, isCrypt := store.(interface{ Keyring() *Keyring }); isCrypt {
+			store = w.Unwrap()
+		}
+	}
+	rs, ok := store.(idemstore.Resealer)
+	if !ok {
+		return prog, fmt.Errorf("idemcrypt: %T cannot rewrite stored responses (no KeyReseal)", store)
+	}
+	if c.After != nil {
+		after := *c.After
+		prog.Cursor = &after
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return prog, err
+		}
+		page, err := store.KeyList(ctx, &idemstore.ListParams{
+			State: idemstore.StateCompleted, After: prog.Cursor, Limit: c.Batch,
+		})
+		if err != nil {
+			return prog, fmt.Errorf("listing records: %w", err)
+		}
+		for _, rec := range page {
+			if err := rotateOne(ctx, rs, kr, rec, &prog); err != nil {
+				return prog, err
+			}
+			id := rec.Identity
+			prog.Cursor = &id
+		}
+		if len(page) > 0 && c.Progress != nil {
+			c.Progress(prog)
+		}
+		if len(page) < c.Batch {
+			return prog, nil
+		}
+	}
+}
+
+func rotateOne(ctx context.Context, rs idemstore.Resealer, kr *Keyring, rec *idemstore.Record, prog *RotateProgress) error {
+	prog.Scanned++
+	if rec.Response == nil || rec.NotReplayable {
+		prog.Current++
+		return nil
+	}
+	name, sealed := SealedBy(rec.Response)
+	if sealed && name == kr.Primary() {
+		prog.Current++
+		return nil
+	}
+	plain, err := kr.Open(rec.Identity, rec.Response)
+	if err != nil {
+		prog.Unopenable[name]++
+		return nil
+	}
+	resp, err := kr.Seal(rec.Identity, plain)
+	if err != nil {
+		return err
+	}
+	err = rs.KeyReseal(ctx, &idemstore.ResealParams{Identity: rec.Identity, Token: rec.Token, Response: resp})
+	switch {
+	case err == nil:
+		prog.Resealed++
+	case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrInvalidState):
+		prog.Gone++
+	default:
+		return fmt.Errorf("rewriting record %s: %w", rec.LogHash(), err)
+	}
+	return nil
+}

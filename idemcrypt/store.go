@@ -1,0 +1,298 @@
+package idemcrypt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Store is the encrypting wrapper: an idemstore.Store that seals every
+// response it is given to store and opens every response it returns. New
+// returns it, or a value embedding it that also implements
+// idemstore.Waiter and idemstore.TxStore when the wrapped store does.
+type Store struct {
+	inner idemstore.Store
+	kr    *Keyring
+}
+
+var (
+	_ idemstore.Store    = (*Store)(nil)
+	_ idemstore.Resealer = (*Store)(nil)
+)
+
+// New returns store with every stored response sealed under kr's first key
+// and every returned response opened with kr. A nil kr seals nothing and
+// refuses sealed records (a *KeyError wrapping ErrUnknownKey), so a process
+// started without its keys fails closed instead of replaying ciphertext.
+// Responses stored in the clear (before encryption was turned on) are
+// returned as they are.
+//
+// The result implements idemstore.Waiter and idemstore.TxStore exactly when
+// store does; its transactions seal the completions written in them and
+// return the driver's transaction from Driver, so the drivers'
+// TxFromContext keep working. store must not be nil.
+func New(store idemstore.Store, kr *Keyring) idemstore.Store {
+	if store == nil {
+		panic("idemcrypt: New needs a store")
+	}
+	s := &Store{inner: store, kr: kr}
+	w, isWaiter := store.(idemstore.Waiter)
+	ts, isTx := store.(idemstore.TxStore)
+	switch {
+	case isWaiter && isTx:
+		return &txWaiterStore{s, w, beginner{ts, s}}
+	case isWaiter:
+		return &waiterStore{s, w}
+	case isTx:
+		return &txStore{s, beginner{ts, s}}
+	}
+	return s
+}
+
+type beginner struct {
+	ts idemstore.TxStore
+	s  *Store
+}
+
+// KeyBeginTx begins a transaction of the wrapped store whose completions
+// are sealed.
+func (b beginner) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
+	tx, err := b.ts.KeyBeginTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &sealingTx{Tx: tx, s: b.s}, nil
+}
+
+type sealingTx struct {
+	idemstore.Tx
+	s *Store
+}
+
+// KeyComplete seals the response and completes in the transaction.
+func (t *sealingTx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	q, err := t.s.sealComplete(p)
+	if err != nil {
+		return err
+	}
+	return t.Tx.KeyComplete(ctx, q)
+}
+
+type waiterStore struct {
+	*Store
+	idemstore.Waiter
+}
+
+type txStore struct {
+	*Store
+	beginner
+}
+
+type txWaiterStore struct {
+	*Store
+	idemstore.Waiter
+	beginner
+}
+
+var (
+	_ idemstore.Waiter  = (*waiterStore)(nil)
+	_ idemstore.TxStore = (*txStore)(nil)
+	_ idemstore.TxStore = (*txWaiterStore)(nil)
+	_ idemstore.Waiter  = (*txWaiterStore)(nil)
+)
+
+// Unwrap returns the wrapped store.
+func (s *Store) Unwrap() idemstore.Store { return s.inner }
+
+// Keyring returns the keyring (nil when there is none).
+func (s *Store) Keyring() *Keyring { return s.kr }
+
+// open returns rec with its response opened: rec itself when the response
+// is not sealed, else a copy (rec may be shared, see
+// idemstore.ReserveResult).
+func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
+	if rec == nil {
+		return nil, nil
+	}
+	if _, sealed := SealedBy(rec.Response); !sealed {
+		return rec, nil
+	}
+	resp, err := s.kr.Open(rec.Identity, rec.Response)
+	if err != nil {
+		return nil, fmt.Errorf("opening the stored response of record %s: %w", rec.LogHash(), err)
+	}
+	out := *rec
+	out.Response = resp
+	return &out, nil
+}
+
+// seal returns resp sealed for id, or resp when there is no keyring.
+func (s *Store) seal(id idemstore.Identity, resp *idemstore.Response) (*idemstore.Response, error) {
+	if s.kr == nil || resp == nil {
+		return resp, nil
+	}
+	sealed, err := s.kr.Seal(id, resp)
+	if err != nil {
+		return nil, fmt.Errorf("sealing the response of record %s: %w", id.LogHash(), err)
+	}
+	return sealed, nil
+}
+
+func (s *Store) sealComplete(p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
+	if s.kr == nil || p.Response == nil || p.NotReplayable {
+		return p, nil
+	}
+	q := *p
+	var err error
+	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+		return nil, err
+	}
+	return &q, nil
+}
+
+// invalidator is implemented by caches in front of a store (idemcache).
+type invalidator interface {
+	Invalidate(ctx context.Context, id idemstore.Identity) error
+}
+
+// KeyReserve reserves through the wrapped store and opens the response of
+// the record it returns. A record sealed under a key the keyring does not
+// hold fails with a *KeyError wrapping ErrUnknownKey (the middleware
+// answers 503 store-unavailable). When a cache sits below (idemcache), it
+// may hold a copy sealed under a key since retired by rotation: the copy is
+// dropped and the store asked once more.
+func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	res, err := s.inner.KeyReserve(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.open(res.Record)
+	if errors.Is(err, ErrUnknownKey) {
+		if inv, ok := s.inner.(invalidator); ok && inv.Invalidate(ctx, p.Identity) == nil {
+			if res, err = s.inner.KeyReserve(ctx, p); err != nil {
+				return nil, err
+			}
+			rec, err = s.open(res.Record)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec == res.Record {
+		return res, nil
+	}
+	return &idemstore.ReserveResult{Reserved: res.Reserved, Record: rec}, nil
+}
+
+// KeyGet returns the wrapped store's record with its response opened.
+func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	rec, err := s.inner.KeyGet(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(rec)
+}
+
+// KeyComplete seals the response and completes through the wrapped store.
+func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	q, err := s.sealComplete(p)
+	if err != nil {
+		return err
+	}
+	return s.inner.KeyComplete(ctx, q)
+}
+
+// KeyRelease is the wrapped store's KeyRelease.
+func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.inner.KeyRelease(ctx, p)
+}
+
+// KeyMarkUnknown is the wrapped store's KeyMarkUnknown.
+func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.inner.KeyMarkUnknown(ctx, p)
+}
+
+// KeyDelete is the wrapped store's KeyDelete.
+func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+	return s.inner.KeyDelete(ctx, p)
+}
+
+// KeyRenew is the wrapped store's KeyRenew.
+func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	return s.inner.KeyRenew(ctx, p)
+}
+
+// KeyResolve seals the response of a resolution to completed and resolves
+// through the wrapped store.
+func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+	if s.kr != nil && p.Response != nil && p.To == idemstore.StateCompleted {
+		q := *p
+		var err error
+		if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+			return err
+		}
+		p = &q
+	}
+	return s.inner.KeyResolve(ctx, p)
+}
+
+// KeySweep is the wrapped store's KeySweep, responses opened.
+func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
+	recs, err := s.inner.KeySweep(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return s.openAll(recs)
+}
+
+// KeyReap is the wrapped store's KeyReap.
+func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+	return s.inner.KeyReap(ctx, p)
+}
+
+// KeyList is the wrapped store's KeyList with every response opened. One
+// record that does not open fails the page: use Rotate, which works on the
+// sealed records, to find and re-encrypt them.
+func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
+	recs, err := s.inner.KeyList(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return s.openAll(recs)
+}
+
+func (s *Store) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
+	for i, r := range recs {
+		o, err := s.open(r)
+		if err != nil {
+			return nil, err
+		}
+		recs[i] = o
+	}
+	return recs, nil
+}
+
+// KeyReseal seals p.Response and reseals through the wrapped store, which
+// must implement idemstore.Resealer.
+func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error {
+	rs, ok := s.inner.(idemstore.Resealer)
+	if !ok {
+		return fmt.Errorf("idemcrypt: %T cannot rewrite stored responses (no KeyReseal)", s.inner)
+	}
+	q := *p
+	var err error
+	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+		return err
+	}
+	return rs.KeyReseal(ctx, &q)
+}
+
+// Invalidate is the wrapped store's Invalidate (idemcache), when it has one.
+func (s *Store) Invalidate(ctx context.Context, id idemstore.Identity) error {
+	if inv, ok := s.inner.(invalidator); ok {
+		return inv.Invalidate(ctx, id)
+	}
+	return nil
+}
