@@ -134,6 +134,10 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T, clock *Clock) idems
 		t.Parallel()
 		testWait(t, setup)
 	})
+	t.Run("Encryption", func(t *testing.T) {
+		t.Parallel()
+		testEncryption(t, setup)
+	})
 }
 
 type setupFunc func(t *testing.T) *bundle

@@ -1,0 +1,416 @@
+package idemtest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// The encryption tests (testEncryption) pin down, for every store:
+//
+//   - KeyReseal (idemstore.Resealer) rewrites the response of a live,
+//     completed, replayable record with the right token and nothing else;
+//     it is fenced like the other writes.
+//   - Through idemcrypt.New a response round-trips by every read path
+//     (KeyReserve, KeyGet, KeyList), while the store itself holds no byte
+//     of its header values or body.
+//   - A response never opens under a wrong key, under a keyring without its
+//     key (the error names the key), or on another record (moved
+//     ciphertext).
+//   - idemcrypt.Rotate moves every response under the newest key in
+//     bounded, resumable batches, a keyring with only the old key opening
+//     every record until it has.
+//   - The core suite passes with the store wrapped.
+
+// cryptoMarker is the text every sealed test response carries in its body
+// and its header values, which the raw records must not contain.
+const cryptoMarker = "SECRET-4242-card"
+
+func secretResponse() *idemstore.Response {
+	return &idemstore.Response{
+		Status: 201,
+		Header: map[string][]string{
+			"Content-Type": {"application/json"},
+			"Location":     {"/v1/payments/" + cryptoMarker},
+		},
+		Body: []byte(`{"card":"` + cryptoMarker + `"}`),
+	}
+}
+
+// newKeyring returns a keyring of fresh random keys with the given names,
+// the first sealing.
+func newKeyring(t *testing.T, names ...string) *idemcrypt.Keyring {
+	t.Helper()
+	keys := make([]idemcrypt.Key, len(names))
+	for i, n := range names {
+		keys[i] = idemcrypt.Key{Name: n, Secret: make([]byte, idemcrypt.KeySize)}
+		rand.Read(keys[i].Secret)
+	}
+	kr, err := idemcrypt.NewKeyring(keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kr
+}
+
+// requireSealed fails unless the record as stored is sealed under key name
+// and shows no byte of its plaintext.
+func requireSealed(t *testing.T, r *idemstore.Record, name string) {
+	t.Helper()
+	if r.Response == nil {
+		t.Fatalf("record %+v: no stored response", r.Identity)
+	}
+	if got, ok := idemcrypt.SealedBy(r.Response); !ok || got != name {
+		t.Fatalf("record %+v: stored response sealed %v by %q, want sealed by %q", r.Identity, ok, got, name)
+	}
+	raw := fmt.Sprint(r.Response.Header) + string(r.Response.Body)
+	if strings.Contains(raw, cryptoMarker) || strings.Contains(raw, "/v1/payments") || strings.Contains(raw, "application/json") {
+		t.Fatalf("record %+v: the stored response shows plaintext: %q", r.Identity, raw)
+	}
+}
+
+// completeWith reserves id on store and completes it with resp.
+func (b *bundle) completeWith(t *testing.T, store idemstore.Store, id idemstore.Identity, resp *idemstore.Response) string {
+	t.Helper()
+	p := b.params(id)
+	res, err := store.KeyReserve(b.ctx, p)
+	if err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve(%+v) = %+v, %v; want reserved", id, res, err)
+	}
+	if err := store.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: id, Token: p.Token, Response: resp}); err != nil {
+		t.Fatalf("KeyComplete(%+v): %v", id, err)
+	}
+	return p.Token
+}
+
+func testEncryption(t *testing.T, setup setupFunc) {
+	t.Run("Reseal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		rs, ok := b.store.(idemstore.Resealer)
+		if !ok {
+			t.Skipf("%T does not implement idemstore.Resealer", b.store)
+		}
+		token := b.completeWith(t, b.store, b.id, sampleResponse())
+		before := b.get(t, b.id)
+		b.clock.Advance(5 * time.Second)
+		other := secretResponse()
+		for _, bad := range []struct {
+			name string
+			p    idemstore.ResealParams
+			want error
+		}{
+			{"WrongToken", idemstore.ResealParams{Identity: b.id, Token: "token-other", Response: other}, idemstore.ErrLeaseLost},
+			{"Missing", idemstore.ResealParams{Identity: idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "missing"}, Token: token, Response: other}, idemstore.ErrLeaseLost},
+		} {
+			if err := rs.KeyReseal(b.ctx, &bad.p); !errors.Is(err, bad.want) {
+				t.Fatalf("%s: KeyReseal = %v, want %v", bad.name, err, bad.want)
+			}
+		}
+		requireResponse(t, b.get(t, b.id), sampleResponse())
+
+		if err := rs.KeyReseal(b.ctx, &idemstore.ResealParams{Identity: b.id, Token: token, Response: other}); err != nil {
+			t.Fatalf("KeyReseal: %v", err)
+		}
+		after := b.get(t, b.id)
+		requireResponse(t, after, other)
+		requireResponse(t, b.reserveExisting(t, b.params(b.id)), other)
+		if after.State != idemstore.StateCompleted || after.Token != token || !after.UpdatedAt.Equal(before.UpdatedAt) ||
+			!after.ExpiresAt.Equal(before.ExpiresAt) || after.Fingerprint != before.Fingerprint {
+			t.Fatalf("KeyReseal changed more than the response: before %+v, after %+v", before, after)
+		}
+
+		// In progress: not completed.
+		inProgress := idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-in-progress"}
+		held := b.reserveNew(t, b.params(inProgress))
+		if err := rs.KeyReseal(b.ctx, &idemstore.ResealParams{Identity: inProgress, Token: held.Token, Response: other}); !errors.Is(err, idemstore.ErrInvalidState) {
+			t.Fatalf("KeyReseal of an in_progress record = %v, want ErrInvalidState", err)
+		}
+		// Not replayable.
+		nr := idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-not-replayable"}
+		p := b.params(nr)
+		b.reserveNew(t, p)
+		if err := b.store.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: nr, Token: p.Token, NotReplayable: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rs.KeyReseal(b.ctx, &idemstore.ResealParams{Identity: nr, Token: p.Token, Response: other}); !errors.Is(err, idemstore.ErrInvalidState) {
+			t.Fatalf("KeyReseal of a not replayable record = %v, want ErrInvalidState", err)
+		}
+		if r := b.get(t, nr); !r.NotReplayable || r.Response != nil {
+			t.Fatalf("a refused KeyReseal changed the not replayable record: %+v", r)
+		}
+		// Expired: gone.
+		b.clock.Advance(testTTL)
+		if err := rs.KeyReseal(b.ctx, &idemstore.ResealParams{Identity: b.id, Token: token, Response: sampleResponse()}); !errors.Is(err, idemstore.ErrLeaseLost) {
+			t.Fatalf("KeyReseal of an expired record = %v, want ErrLeaseLost", err)
+		}
+	})
+
+	t.Run("RoundTrip", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		kr := newKeyring(t, "k1")
+		enc := idemcrypt.New(b.store, kr)
+		b.completeWith(t, enc, b.id, secretResponse())
+		requireSealed(t, b.get(t, b.id), "k1")
+
+		res, err := enc.KeyReserve(b.ctx, b.params(b.id))
+		if err != nil || res.Reserved {
+			t.Fatalf("KeyReserve = %+v, %v; want the completed record", res, err)
+		}
+		requireResponse(t, res.Record, secretResponse())
+		got, err := enc.KeyGet(b.ctx, b.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireResponse(t, got, secretResponse())
+		list, err := enc.KeyList(b.ctx, &idemstore.ListParams{Scope: b.id.Scope})
+		if err != nil || len(list) != 1 {
+			t.Fatalf("KeyList = %d records, %v; want 1", len(list), err)
+		}
+		requireResponse(t, list[0], secretResponse())
+		// The record as stored is untouched by the reads.
+		requireSealed(t, b.get(t, b.id), "k1")
+
+		// Resolving an unknown record seals too.
+		unk := idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-resolved"}
+		p := b.params(unk)
+		b.reserveNew(t, p)
+		if err := b.store.KeyMarkUnknown(b.ctx, &idemstore.FinishParams{Identity: unk, Token: p.Token}); err != nil {
+			t.Fatal(err)
+		}
+		if err := enc.KeyResolve(b.ctx, &idemstore.ResolveParams{Identity: unk, Token: p.Token, To: idemstore.StateCompleted, Response: secretResponse()}); err != nil {
+			t.Fatalf("KeyResolve: %v", err)
+		}
+		requireSealed(t, b.get(t, unk), "k1")
+		got, err = enc.KeyGet(b.ctx, unk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireResponse(t, got, secretResponse())
+
+		// A response stored in the clear (before encryption was turned on)
+		// still replays.
+		plain := idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-plain"}
+		b.completeWith(t, b.store, plain, sampleResponse())
+		got, err = enc.KeyGet(b.ctx, plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireResponse(t, got, sampleResponse())
+	})
+
+	t.Run("WrongKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.completeWith(t, idemcrypt.New(b.store, newKeyring(t, "k1")), b.id, secretResponse())
+		for _, tt := range []struct {
+			name string
+			kr   *idemcrypt.Keyring
+			want error
+		}{
+			{"SameNameOtherMaterial", newKeyring(t, "k1"), idemcrypt.ErrOpen},
+			{"KeyMissing", newKeyring(t, "k2"), idemcrypt.ErrUnknownKey},
+			{"NoKeyring", nil, idemcrypt.ErrUnknownKey},
+		} {
+			enc := idemcrypt.New(b.store, tt.kr)
+			res, err := enc.KeyReserve(b.ctx, b.params(b.id))
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("%s: KeyReserve = %+v, %v; want %v", tt.name, res, err, tt.want)
+			}
+			var ke *idemcrypt.KeyError
+			if !errors.As(err, &ke) || ke.Name != "k1" || !strings.Contains(err.Error(), `"k1"`) {
+				t.Fatalf("%s: error %v does not name the key k1", tt.name, err)
+			}
+			if strings.Contains(err.Error(), cryptoMarker) {
+				t.Fatalf("%s: the error shows the response: %v", tt.name, err)
+			}
+			if _, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, tt.want) {
+				t.Fatalf("%s: KeyGet = %v, want %v", tt.name, err, tt.want)
+			}
+			if _, err := enc.KeyList(b.ctx, &idemstore.ListParams{Scope: b.id.Scope}); !errors.Is(err, tt.want) {
+				t.Fatalf("%s: KeyList = %v, want %v", tt.name, err, tt.want)
+			}
+		}
+	})
+
+	t.Run("MovedCiphertext", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		kr := newKeyring(t, "k1")
+		enc := idemcrypt.New(b.store, kr)
+		b.completeWith(t, enc, b.id, secretResponse())
+		stolen := b.get(t, b.id).Response
+		requireSealed(t, b.get(t, b.id), "k1")
+
+		// The same ciphertext stored on another record, of another key, of
+		// another tenant and of another endpoint, never opens there.
+		for _, to := range []idemstore.Identity{
+			{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-victim"},
+			{Scope: b.id.Scope + "-other", Endpoint: b.id.Endpoint, Key: b.id.Key},
+			{Scope: b.id.Scope, Endpoint: b.id.Endpoint + "/other", Key: b.id.Key},
+		} {
+			b.completeWith(t, b.store, to, stolen)
+			if r, err := enc.KeyGet(b.ctx, to); !errors.Is(err, idemcrypt.ErrOpen) {
+				t.Fatalf("moved to %+v: KeyGet = %+v, %v; want ErrOpen", to, r, err)
+			}
+			if _, err := enc.KeyReserve(b.ctx, b.params(to)); !errors.Is(err, idemcrypt.ErrOpen) {
+				t.Fatalf("moved to %+v: KeyReserve = %v; want ErrOpen", to, err)
+			}
+		}
+		// A status changed in the store (it is kept in the clear) makes the
+		// record's own ciphertext fail to open.
+		rs, ok := b.store.(idemstore.Resealer)
+		if !ok {
+			return
+		}
+		changed := *stolen
+		changed.Status = 200
+		if err := rs.KeyReseal(b.ctx, &idemstore.ResealParams{Identity: b.id, Token: b.get(t, b.id).Token, Response: &changed}); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("status changed: KeyGet = %+v, %v; want ErrOpen", r, err)
+		}
+	})
+
+	t.Run("Rotation", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		if _, ok := b.store.(idemstore.Resealer); !ok {
+			t.Skipf("%T does not implement idemstore.Resealer", b.store)
+		}
+		kr := sharedKeyrings(t)
+		ids := make([]idemstore.Identity, 7)
+		for i := range ids {
+			ids[i] = idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: fmt.Sprintf("%s-%02d", b.id.Key, i)}
+			store := idemcrypt.New(b.store, kr.old)
+			if i == 0 {
+				store = b.store // one stored in the clear
+			}
+			b.completeWith(t, store, ids[i], secretResponse())
+		}
+		// One under a key nobody has any more: reported, left alone.
+		lost := idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-zz-lost"}
+		b.completeWith(t, idemcrypt.New(b.store, newKeyring(t, "retired")), lost, secretResponse())
+		// One in progress: nothing to rotate.
+		b.reserveNew(t, b.params(idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: b.id.Key + "-held"}))
+
+		// Stop after the first batch, as an interrupted rotation would,
+		// then resume from its cursor.
+		var steps []idemcrypt.RotateProgress
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		cfg := &idemcrypt.RotateConfig{Batch: 3, Progress: func(p idemcrypt.RotateProgress) {
+			steps = append(steps, p)
+			cancel()
+		}}
+		first, err := idemcrypt.Rotate(ctx, b.store, kr.both, cfg)
+		if !errors.Is(err, context.Canceled) || first.Scanned != 3 || first.Cursor == nil || first.Cursor.Key != ids[2].Key {
+			t.Fatalf("first batch: %+v, %v; want 3 scanned, the cursor at %q and context.Canceled", first, err, ids[2].Key)
+		}
+		// Between the batches, a keyring with only the old key still opens
+		// every record not yet rotated, and refuses the rotated ones by the
+		// name of their key; the rotating keyring opens them all.
+		for i, id := range ids {
+			got, err := idemcrypt.New(b.store, kr.old).KeyGet(b.ctx, id)
+			var ke *idemcrypt.KeyError
+			switch {
+			case i < 3 && (!errors.As(err, &ke) || ke.Name != "new" || !errors.Is(err, idemcrypt.ErrUnknownKey)):
+				t.Fatalf("mid-rotation, the old keyring on rotated %+v: %v; want ErrUnknownKey naming \"new\"", id, err)
+			case i >= 3 && err != nil:
+				t.Fatalf("mid-rotation, the old keyring cannot open %+v: %v", id, err)
+			case i >= 3:
+				requireResponse(t, got, secretResponse())
+			}
+			if got, err = idemcrypt.New(b.store, kr.both).KeyGet(b.ctx, id); err != nil {
+				t.Fatalf("mid-rotation, the rotating keyring cannot open %+v: %v", id, err)
+			}
+			requireResponse(t, got, secretResponse())
+		}
+		cfg.After = first.Cursor
+		cfg.Progress = func(p idemcrypt.RotateProgress) { steps = append(steps, p) }
+		rest, err := idemcrypt.Rotate(b.ctx, b.store, kr.both, cfg)
+		if err != nil {
+			t.Fatalf("Rotate: %v", err)
+		}
+		if total := first.Scanned + rest.Scanned; total != len(ids)+1 {
+			t.Fatalf("scanned %d + %d records, want %d", first.Scanned, rest.Scanned, len(ids)+1)
+		}
+		if got := first.Resealed + rest.Resealed; got != len(ids) {
+			t.Fatalf("resealed %d, want %d (%+v, %+v)", got, len(ids), first, rest)
+		}
+		if rest.Unopenable["retired"] != 1 || rest.Failed() != 1 {
+			t.Fatalf("unopenable %v, want retired:1", rest.Unopenable)
+		}
+		for _, s := range steps {
+			if s.Scanned == 0 {
+				t.Fatalf("a progress report with nothing scanned: %+v", s)
+			}
+		}
+		for _, id := range ids {
+			requireSealed(t, b.get(t, id), "new")
+			got, err := idemcrypt.New(b.store, kr.newOnly).KeyGet(b.ctx, id)
+			if err != nil {
+				t.Fatalf("after rotation the new key alone cannot open %+v: %v", id, err)
+			}
+			requireResponse(t, got, secretResponse())
+		}
+		requireSealed(t, b.get(t, lost), "retired")
+
+		// Again: nothing left to do.
+		again, err := idemcrypt.Rotate(b.ctx, b.store, kr.both, &idemcrypt.RotateConfig{Batch: 100})
+		if err != nil || again.Resealed != 0 || again.Current != len(ids) || again.Failed() != 1 {
+			t.Fatalf("second rotation: %+v, %v; want everything current", again, err)
+		}
+	})
+
+	t.Run("Wrapped", func(t *testing.T) {
+		t.Parallel()
+		kr := newKeyring(t, "wrapped")
+		wrapped := func(t *testing.T) *bundle {
+			t.Helper()
+			b := setup(t)
+			b.store = idemcrypt.New(b.store, kr)
+			return b
+		}
+		for name, run := range map[string]func(*testing.T, setupFunc){
+			"Reserve": testReserve, "Complete": testComplete, "Fencing": testFencing,
+			"Unknown": testUnknown, "Resolve": testResolve, "List": testList,
+			"Transactional": testTransactional, "Wait": testWait,
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				run(t, wrapped)
+			})
+		}
+	})
+}
+
+// keyrings sharing key material: old alone, new then old, new alone.
+type rotationKeyrings struct {
+	old, both, newOnly *idemcrypt.Keyring
+}
+
+func sharedKeyrings(t *testing.T) rotationKeyrings {
+	t.Helper()
+	oldSecret, newSecret := make([]byte, idemcrypt.KeySize), make([]byte, idemcrypt.KeySize)
+	rand.Read(oldSecret)
+	rand.Read(newSecret)
+	mk := func(keys ...idemcrypt.Key) *idemcrypt.Keyring {
+		kr, err := idemcrypt.NewKeyring(keys...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kr
+	}
+	o, n := idemcrypt.Key{Name: "old", Secret: oldSecret}, idemcrypt.Key{Name: "new", Secret: newSecret}
+	return rotationKeyrings{old: mk(o), both: mk(n, o), newOnly: mk(n)}
+}
