@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/idem-dev/idem/idemcrypt"
 )
 
 // Profile selects how the middleware words the answers that differ between
@@ -74,6 +76,20 @@ type Config struct {
 	// Set-Cookie, Authorization and hop-by-hop headers are never stored,
 	// whatever the list says. Defaults to DefaultStoredHeaders.
 	StoredHeaders []string
+	// Keyring, when set, encrypts every stored response (header values and
+	// body) at rest with AES-256-GCM under its first key, and opens
+	// responses sealed under any of its keys (package idemcrypt). A record
+	// sealed under a key it does not hold is answered 503
+	// store-unavailable, never replayed. Without a Keyring, responses are
+	// stored in the clear and a sealed record is answered the same way.
+	// Defaults to none.
+	Keyring *idemcrypt.Keyring
+	// Redact, when set, returns the body to store for replay in place of
+	// body (status and header are those stored; body must not be
+	// modified). It changes what a replay returns: the first answer is
+	// sent unredacted, every replay gets the redacted body. See
+	// RedactJSONFields. Defaults to storing the body as sent.
+	Redact func(r *http.Request, status int, header http.Header, body []byte) []byte
 	// StoreTimeout bounds every store call; a call that takes longer is a
 	// store outage (503 before the handler, a logged failure after it).
 	// Defaults to 2 seconds.

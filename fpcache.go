@@ -1,6 +1,9 @@
 package idem
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -32,8 +35,14 @@ const (
 // bodies reuse, so remembering allocates nothing here; the slot's lock
 // covers the comparison and the copy.
 type fpCache struct {
-	once sync.Once // makes seed and slots on first use
-	seed maphash.Seed
+	// digest makes the slots keep a keyed SHA-256 of the body instead of
+	// the body (set with Config.Keyring, so no request body outlives its
+	// request in memory). A hit then rests on SHA-256's collision
+	// resistance instead of on the bytes.
+	digest bool
+	once   sync.Once // makes seed, macKey and slots on first use
+	seed   maphash.Seed
+	macKey [32]byte
 	// slots are made when first remembered into: a middleware that sees
 	// few retries keeps an array of nil pointers, which costs the garbage
 	// collector little to scan.
@@ -43,7 +52,7 @@ type fpCache struct {
 // fpSlot is one remembered fingerprint and what it was computed from.
 type fpSlot struct {
 	mu                             sync.Mutex
-	body                           []byte // a copy, owned by the slot
+	body                           []byte // a copy (or digest, see fpCache.digest), owned by the slot
 	method, endpoint, query, scope string
 	fp                             string // "" while empty
 }
@@ -63,8 +72,10 @@ func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string
 	if s == nil {
 		return Fingerprint(method, endpoint, query, contentType, body, fc), false
 	}
+	var sum [sha256.Size]byte
+	key := c.key(body, &sum)
 	s.mu.Lock()
-	if s.matches(method, endpoint, query, scope, body) {
+	if s.matches(method, endpoint, query, scope, key) {
 		fp := s.fp
 		s.mu.Unlock()
 		return fp, true
@@ -88,8 +99,10 @@ func (c *fpCache) remember(method, endpoint, query, contentType, scope string, b
 		p.CompareAndSwap(nil, new(fpSlot))
 		s = p.Load()
 	}
+	var sum [sha256.Size]byte
+	key := c.key(body, &sum)
 	s.mu.Lock()
-	s.body = append(s.body[:0], body...)
+	s.body = append(s.body[:0], key...)
 	s.method, s.endpoint, s.query, s.scope, s.fp = method, endpoint, query, scope, fp
 	s.mu.Unlock()
 }
@@ -102,6 +115,21 @@ func cacheable(contentType string, body []byte) bool {
 
 // slot returns the slot of body.
 func (c *fpCache) slot(body []byte) *atomic.Pointer[fpSlot] {
-	c.once.Do(func() { c.seed, c.slots = maphash.MakeSeed(), new([fpCacheSlots]atomic.Pointer[fpSlot]) })
+	c.once.Do(func() {
+		c.seed, c.slots = maphash.MakeSeed(), new([fpCacheSlots]atomic.Pointer[fpSlot])
+		rand.Read(c.macKey[:])
+	})
 	return &c.slots[maphash.Bytes(c.seed, body)%fpCacheSlots]
+}
+
+// key returns what a slot keeps of body: body itself, or with digest its
+// HMAC-SHA256 under the cache's random key, written to sum. slot must have
+// been called (it makes the key).
+func (c *fpCache) key(body []byte, sum *[sha256.Size]byte) []byte {
+	if !c.digest {
+		return body
+	}
+	h := hmac.New(sha256.New, c.macKey[:])
+	h.Write(body)
+	return h.Sum(sum[:0])
 }

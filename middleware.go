@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -54,12 +55,16 @@ type middleware struct {
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
 	cfg := c.withDefaults()
+	// Seals responses with the keyring, and without one refuses sealed
+	// records rather than replaying ciphertext.
+	store = idemcrypt.New(store, cfg.Keyring)
 	m := &middleware{
 		store:  store,
 		cfg:    cfg,
 		stored: make(map[string]bool),
 		log:    cfg.Logger,
 	}
+	m.fps.digest = cfg.Keyring != nil
 	_, nop := cfg.Metrics.(nopMetrics)
 	m.timed = !nop
 	m.waiter, _ = store.(idemstore.Waiter)
@@ -95,7 +100,7 @@ var neverStored = map[string]bool{
 	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
 	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
 	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, HeaderReplayed: true,
+	"Content-Length": true, HeaderReplayed: true, idemcrypt.HeaderSealed: true,
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -448,20 +453,23 @@ func (m *middleware) complete(r *http.Request, a *attempt, rw *recorder) {
 	case m.releases(rw.finalStatus()):
 		m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
 	default:
-		p := m.completeParams(a, rw)
+		p := m.completeParams(r, a, rw)
 		m.finishStore(r, a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
 	}
 }
 
-func (m *middleware) completeParams(a *attempt, rw *recorder) *idemstore.CompleteParams {
+func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder) *idemstore.CompleteParams {
 	p := &a.complete
 	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
 	if rw.streamed || rw.hijacked {
 		p.NotReplayable = true
 	} else {
 		a.response = idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		if m.cfg.Redact != nil {
+			a.response.Body = m.cfg.Redact(r, a.response.Status, a.response.Header, rw.buf)
+		}
 		p.Response = &a.response
-		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(rw.buf))
+		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(a.response.Body))
 	}
 	return p
 }
@@ -496,7 +504,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	ctx, end := m.span(ctx, "idem.complete")
 	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
 	if err == nil {
-		err = tx.KeyComplete(ctx, m.completeParams(a, rw))
+		err = tx.KeyComplete(ctx, m.completeParams(r, a, rw))
 		if err == nil {
 			start := m.clockStart()
 			err = tx.Commit(ctx)

@@ -1,0 +1,160 @@
+package idem_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+const secretMarker = "4111-SECRET-CARD"
+
+func testKeyring(t *testing.T, names ...string) *idemcrypt.Keyring {
+	t.Helper()
+	keys := make([]idemcrypt.Key, len(names))
+	for i, n := range names {
+		keys[i] = idemcrypt.Key{Name: n, Secret: make([]byte, idemcrypt.KeySize)}
+		rand.Read(keys[i].Secret)
+	}
+	kr, err := idemcrypt.NewKeyring(keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kr
+}
+
+// secretHandler answers with the marker in a stored header and the body.
+func secretHandler(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/cards/"+secretMarker)
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"card":{"number":%q,"brand":"visa"},"token":"tok_%s","id":"c_1"}`+"\n", secretMarker, secretMarker)
+}
+
+func storedRecord(t *testing.T, b *testBundle) *idemstore.Record {
+	t.Helper()
+	recs, err := b.store.KeyList(t.Context(), &idemstore.ListParams{})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("KeyList = %d records, %v; want 1", len(recs), err)
+	}
+	return recs[0]
+}
+
+func TestKeyringSealsStoredResponses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+	first := b.do(t, "POST", "key-one", `{"amount":1}`)
+	if first.Code != http.StatusCreated || !strings.Contains(first.Body.String(), secretMarker) {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	rec := storedRecord(t, b)
+	if name, ok := idemcrypt.SealedBy(rec.Response); !ok || name != "k1" {
+		t.Fatalf("stored response is not sealed by k1: %v %q", ok, name)
+	}
+	raw := fmt.Sprint(rec.Response.Header) + string(rec.Response.Body)
+	if strings.Contains(raw, secretMarker) || strings.Contains(raw, "/v1/cards") {
+		t.Fatalf("the store holds plaintext: %q", raw)
+	}
+	second := b.do(t, "POST", "key-one", `{"amount":1}`)
+	if second.Code != http.StatusCreated || !bytes.Equal(second.Body.Bytes(), first.Body.Bytes()) ||
+		second.Header().Get("Location") != first.Header().Get("Location") || second.Header().Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("replay: %d %v %s", second.Code, second.Header(), second.Body)
+	}
+	if second.Header().Get(idemcrypt.HeaderSealed) != "" {
+		t.Fatal("the replay shows the sealed marker header")
+	}
+	if n := b.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+func TestSealedRecordWithoutItsKeyIsUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		kr   func(t *testing.T) *idemcrypt.Keyring
+	}{
+		{"OtherKey", func(t *testing.T) *idemcrypt.Keyring { return testKeyring(t, "k2") }},
+		{"NoKeyring", func(t *testing.T) *idemcrypt.Keyring { return nil }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			writer := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+			if w := writer.do(t, "POST", "key-one", `{}`); w.Code != http.StatusCreated {
+				t.Fatalf("first: %d", w.Code)
+			}
+			// A second middleware on the same store, without the key.
+			b := setup(t, nil, secretHandler)
+			b.handler = idem.New(writer.store, &idem.Config{
+				Keyring: tt.kr(t), Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Now: b.clock.Now,
+			})(http.HandlerFunc(secretHandler))
+			w := b.do(t, "POST", "key-one", `{}`)
+			requireProblem(t, w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+			if strings.Contains(w.Body.String(), secretMarker) {
+				t.Fatalf("the answer shows the response: %s", w.Body)
+			}
+			logs := b.logs.String()
+			if !strings.Contains(logs, `key \"k1\"`) || !strings.Contains(logs, "store unavailable") {
+				t.Fatalf("the log does not name the missing key k1:\n%s", logs)
+			}
+			if strings.Contains(logs, secretMarker) {
+				t.Fatalf("the log shows the response:\n%s", logs)
+			}
+		})
+	}
+}
+
+func TestRedactJSONFields(t *testing.T) {
+	t.Parallel()
+	for _, kr := range []*idemcrypt.Keyring{nil, testKeyring(t, "k1")} {
+		b := setup(t, &idem.Config{Keyring: kr, Redact: idem.RedactJSONFields("token", "card.number", "absent.x")}, secretHandler)
+		first := b.do(t, "POST", "key-one", `{}`)
+		if !strings.Contains(first.Body.String(), `"tok_`) || !strings.Contains(first.Body.String(), `"number"`) {
+			t.Fatalf("the first answer was redacted: %s", first.Body)
+		}
+		second := b.do(t, "POST", "key-one", `{}`)
+		var got map[string]any
+		if err := json.Unmarshal(second.Body.Bytes(), &got); err != nil {
+			t.Fatalf("replay body %s: %v", second.Body, err)
+		}
+		want := map[string]any{"card": map[string]any{"brand": "visa"}, "id": "c_1"}
+		if fmt.Sprint(got) != fmt.Sprint(want) || !strings.HasSuffix(second.Body.String(), "\n") {
+			t.Fatalf("replay body %q, want %v", second.Body, want)
+		}
+		if second.Header().Get("Location") != first.Header().Get("Location") {
+			t.Fatal("redaction changed the replayed headers")
+		}
+	}
+}
+
+func TestRedactJSONFieldsLeavesOtherBodies(t *testing.T) {
+	t.Parallel()
+	redact := idem.RedactJSONFields("a", "b.c")
+	json := http.Header{"Content-Type": {"application/json"}}
+	for _, tt := range []struct {
+		header     http.Header
+		body, want string
+	}{
+		{json, `{"a":1,"z":2}`, `{"z":2}`},
+		{json, `{"b":[{"c":1,"d":2},{"c":3}],"z":"<&>"}`, `{"b":[{"d":2},{}],"z":"<&>"}`},
+		{json, `{"n":1.50000000000000000001}`, `{"n":1.50000000000000000001}`},
+		{json, `[{"a":1}]`, `[{"a":1}]`},
+		{json, `{"a":1} trailing`, `{"a":1} trailing`},
+		{json, `not json`, `not json`},
+		{http.Header{"Content-Type": {"text/plain"}}, `{"a":1}`, `{"a":1}`},
+	} {
+		if got := string(redact(nil, 200, tt.header, []byte(tt.body))); got != tt.want {
+			t.Errorf("redact(%s) = %s, want %s", tt.body, got, tt.want)
+		}
+	}
+}
