@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
@@ -39,15 +40,16 @@ var keysCommands = []keysCommand{
 	{"show", "print one record: its state, times and stored response", runKeysShow},
 	{"resolve", "settle an unknown record to completed or released", runKeysResolve},
 	{"purge", "delete expired records, or one released record", runKeysPurge},
+	{"rotate-encryption", "re-encrypt stored responses under the newest key", runKeysRotate},
 }
 
-const keysSynopsis = "idem keys list|show|resolve|purge [flags]"
+const keysSynopsis = "idem keys list|show|resolve|purge|rotate-encryption [flags]"
 
 func printKeysUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: %s\n\nInspects and settles the records of a store, on the operator's own terminal\n"+
 		"(keys are shown; logs only ever name a record by its key_hash).\n\nSubcommands:\n", keysSynopsis)
 	for _, c := range keysCommands {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-17s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND -h' for its flags.\n")
 }
@@ -66,7 +68,7 @@ func openExisting(ctx context.Context, rawURL string) (idemstore.Store, func() e
 // keysMain dispatches `idem keys` to its subcommand.
 func keysMain(ctx context.Context, e *env, args []string, open storeOpener) error {
 	if len(args) == 0 {
-		return usageErrorf("want a subcommand: list, show, resolve or purge")
+		return usageErrorf("want a subcommand: list, show, resolve, purge or rotate-encryption")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help":
@@ -78,7 +80,7 @@ func keysMain(ctx context.Context, e *env, args []string, open storeOpener) erro
 			return c.run(ctx, e, args[1:], open)
 		}
 	}
-	return usageErrorf("unknown subcommand %q: want list, show, resolve or purge", args[0])
+	return usageErrorf("unknown subcommand %q: want list, show, resolve, purge or rotate-encryption", args[0])
 }
 
 // scopeFlags are the flags that name a tenant: the scope as stored, or the
@@ -383,8 +385,9 @@ func oneKey(pos []string) (string, error) {
 // keysShowOptions are the settings of `idem keys show`.
 type keysShowOptions struct {
 	identityFlags
-	key  string
-	json bool
+	keyring keyringFlag
+	key     string
+	json    bool
 }
 
 func parseKeysShow(args []string, e *env) (*keysShowOptions, idemstore.Identity, error) {
@@ -393,6 +396,7 @@ func parseKeysShow(args []string, e *env) (*keysShowOptions, idemstore.Identity,
 		"Prints one record: its state, attempts, times, fingerprint and the stored\n"+
 			"response (status, headers and the beginning of the body).")
 	o.register(fs)
+	o.keyring.register(fs)
 	fs.BoolVar(&o.json, "json", false, "print the record as JSON, the body in base64")
 	pos, err := fs.parseArgs(args, e)
 	if err != nil {
@@ -422,11 +426,16 @@ func runKeysShow(ctx context.Context, e *env, args []string, open storeOpener) (
 	if err != nil {
 		return err
 	}
+	kr, err := o.keyring.load()
+	if err != nil {
+		return err
+	}
 	store, closeStore, err := openStore(ctx, open, o.store)
 	if err != nil {
 		return err
 	}
 	defer closeStore(&err)
+	store = idemcrypt.New(store, kr)
 	rec, err := getRecord(ctx, store, id)
 	if err != nil {
 		return err
@@ -555,6 +564,7 @@ func (v headersValue) Set(s string) error {
 // keysResolveOptions are the settings of `idem keys resolve`.
 type keysResolveOptions struct {
 	identityFlags
+	keyring       keyringFlag
 	key           string
 	to            string
 	status        int
@@ -574,6 +584,7 @@ func parseKeysResolve(args []string, e *env) (*keysResolveOptions, idemstore.Ide
 			"The write is fenced on the record's token as read just before, so a record\n"+
 			"that changed meanwhile is left alone (exit 1). An audit line goes to stderr.")
 	o.register(fs)
+	o.keyring.register(fs)
 	fs.Var(oneOfValue{&o.to, []string{string(idemstore.StateCompleted), string(idemstore.StateReleased)}},
 		"to", "`STATE` to settle the record to: completed or released (required)")
 	fs.IntVar(&o.status, "status", 0, "HTTP `STATUS` retries get, with --to completed")
@@ -643,11 +654,16 @@ func runKeysResolve(ctx context.Context, e *env, args []string, open storeOpener
 	if err != nil {
 		return err
 	}
+	kr, err := o.keyring.load()
+	if err != nil {
+		return err
+	}
 	store, closeStore, err := openStore(ctx, open, o.store)
 	if err != nil {
 		return err
 	}
 	defer closeStore(&err)
+	store = idemcrypt.New(store, kr)
 	rec, err := getRecord(ctx, store, id)
 	if err != nil {
 		return err

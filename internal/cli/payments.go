@@ -52,6 +52,7 @@ type paymentsOptions struct {
 	settleAfter       time.Duration
 	demo              bool
 	crashAt           paysvc.CrashPoint
+	keyring           keyringFlag
 	ops               opsOptions
 }
 
@@ -91,6 +92,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant on a fresh database, send one payment twice at start to show the replay")
+	o.keyring.register(fs)
 	o.ops.register(fs)
 	err := fs.parse(args, e)
 	if err != nil {
@@ -236,8 +238,13 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		providerURL = prov.URL()
 	}
 
+	keyring, err := o.keyring.load()
+	if err != nil {
+		return err
+	}
 	metrics := &lateMetrics{}
 	cfg := &paysvc.Config{
+		Keyring:           keyring,
 		Store:             o.store,
 		Tokens:            tokens,
 		ProviderURL:       providerURL,
@@ -304,6 +311,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		"store", storeurl.Kind(o.store),
 		"store_url", storeurl.Redact(o.store),
 		"tenants", len(tokens),
+		"encryption_keys", keyNames(keyring),
 	)
 	printBanner(e.stdout, o, api, providerURL, demo, tokens)
 

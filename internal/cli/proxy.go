@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/internal/proxy"
 	"github.com/idem-dev/idem/internal/storeurl"
@@ -42,6 +43,8 @@ type proxyOptions struct {
 	maxResponse int64
 	maintain    bool
 	cache       string
+	keyring     keyringFlag
+	redact      []string
 	ops         opsOptions
 	reconcile   reconcileOptions
 }
@@ -78,6 +81,8 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
+	o.keyring.register(fs)
+	fs.Var(fieldsValue{&o.redact}, "redact-json-fields", "comma-separated JSON member `PATHS` (token,card.number) removed from stored bodies: replays lack them, the first answer has them")
 	o.ops.register(fs)
 	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper, reaper and, with --reconcile-url, reconciler) in this process")
 	o.reconcile.register(fs)
@@ -130,6 +135,9 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 	if o.scopeHeader != "" {
 		cfg.Scope = scopeFromHeader(o.scopeHeader)
 	}
+	if len(o.redact) > 0 {
+		cfg.Redact = idem.RedactJSONFields(o.redact...)
+	}
 	return cfg
 }
 
@@ -172,6 +180,10 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	keyring, err := o.keyring.load()
+	if err != nil {
+		return err
+	}
 	store, closeStore, err := storeurl.Open(ctx, o.store)
 	if err != nil {
 		return fmt.Errorf("opening the store: %w", err)
@@ -203,7 +215,8 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		return err
 	}
 	defer closeCache()
-	opsHandler, err := newOps(&o.ops, opsParts{Store: store, Maintainer: maint, Logger: e.logger})
+	// The console reads and resolves records: through the keyring too.
+	opsHandler, err := newOps(&o.ops, opsParts{Store: idemcrypt.New(store, keyring), Maintainer: maint, Logger: e.logger})
 	if err != nil {
 		ln.Close()
 		return err
@@ -219,6 +232,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	defer stopOps()
 	cfg := o.config(e)
 	cfg.Metrics = opsHandler.Metrics
+	cfg.Keyring = keyring
 	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
@@ -231,6 +245,8 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"scope_header", o.scopeHeader,
 		"maintain", o.maintain,
 		"cache", storeurl.Redact(o.cache),
+		"encryption_keys", keyNames(keyring),
+		"redact_json_fields", strings.Join(o.redact, ","),
 	)
 	return serve(ctx, e, ln, idem.New(store, cfg)(upstream))
 }

@@ -47,6 +47,7 @@ func (s *Service) routes() http.Handler {
 		Metrics: s.cfg.Metrics,
 		Logger:  s.log,
 		Now:     s.cfg.Now,
+		Keyring: s.cfg.Keyring,
 	})
 	api := http.NewServeMux()
 	api.Handle("POST /v1/payments", s.afterCommit(protect(http.HandlerFunc(s.create))))

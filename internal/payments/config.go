@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
 
@@ -133,6 +134,9 @@ type Config struct {
 	Rand *rand.Rand
 	// Logger receives the service's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Keyring encrypts the stored responses of the idempotency keys at rest
+	// (idem's Config.Keyring). Defaults to none: stored in the clear.
+	Keyring *idemcrypt.Keyring
 	// Now is the clock of the store, the outbox, the relay and the
 	// reconciler. Defaults to time.Now.
 	Now func() time.Time

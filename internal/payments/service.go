@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/outbox"
@@ -128,7 +129,7 @@ func (s *Service) Handler() http.Handler { return s.handler }
 
 // Store returns the idem store that holds the service's idempotency keys,
 // for operators' tools (metrics, the console).
-func (s *Service) Store() idemstore.Store { return s.db.store }
+func (s *Service) Store() idemstore.Store { return idemcrypt.New(s.db.store, s.cfg.Keyring) }
 
 // Maintainer returns the maintainer that sweeps and reaps the service's
 // idempotency keys, for its Stats.
