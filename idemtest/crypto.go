@@ -44,20 +44,9 @@ func secretResponse() *idemstore.Response {
 	}
 }
 
-// newKeyring returns a keyring of fresh random keys with the given names,
-// the first sealing.
 func newKeyring(t *testing.T, names ...string) *idemcrypt.Keyring {
 	t.Helper()
-	keys := make([]idemcrypt.Key, len(names))
-	for i, n := range names {
-		keys[i] = idemcrypt.Key{Name: n, Secret: make([]byte, idemcrypt.KeySize)}
-		rand.Read(keys[i].Secret)
-	}
-	kr, err := idemcrypt.NewKeyring(keys...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kr
+	return NewTestKeyring(t, names...)
 }
 
 // requireSealed fails unless the record as stored is sealed under key name
@@ -413,4 +402,93 @@ func sharedKeyrings(t *testing.T) rotationKeyrings {
 	}
 	o, n := idemcrypt.Key{Name: "old", Secret: oldSecret}, idemcrypt.Key{Name: "new", Secret: newSecret}
 	return rotationKeyrings{old: mk(o), both: mk(n, o), newOnly: mk(n)}
+}
+
+// WriteSealedResponses stores three completed responses on store through
+// idemcrypt.New(store, kr) (by KeyComplete, by KeyResolve, and in a
+// transaction when store is an idemstore.TxStore), each carrying a fresh
+// random marker in a header value and in its body, checks that they replay,
+// and returns the marker. A store's test then looks for the marker in the
+// raw storage (the database file, the Redis values, the table): with a
+// keyring it must not be there; with a nil kr the responses are stored in
+// the clear, which shows that the search would find it.
+func WriteSealedResponses(t *testing.T, store idemstore.Store, kr *idemcrypt.Keyring) string {
+	t.Helper()
+	marker := "MARKER-" + rand.Text()
+	resp := func() *idemstore.Response {
+		return &idemstore.Response{
+			Status: 201,
+			Header: map[string][]string{"Content-Type": {"application/json"}, "Location": {"/v1/things/" + marker}},
+			Body:   []byte(`{"secret":"` + marker + `","pad":"` + strings.Repeat("x", 64) + `"}`),
+		}
+	}
+	ctx := t.Context()
+	enc := idemcrypt.New(store, kr)
+	b := &bundle{store: enc, ctx: ctx}
+	id := func(key string) idemstore.Identity {
+		return idemstore.Identity{Scope: "tenant-" + marker[:12], Endpoint: "POST /v1/things", Key: key}
+	}
+	var ids []idemstore.Identity
+
+	ids = append(ids, id("completed"))
+	b.completeWith(t, enc, ids[0], resp())
+
+	ids = append(ids, id("resolved"))
+	p := b.params(ids[1])
+	b.reserveNew(t, p)
+	if err := enc.KeyMarkUnknown(ctx, &idemstore.FinishParams{Identity: ids[1], Token: p.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.KeyResolve(ctx, &idemstore.ResolveParams{Identity: ids[1], Token: p.Token, To: idemstore.StateCompleted, Response: resp()}); err != nil {
+		t.Fatal(err)
+	}
+
+	if ts, ok := enc.(idemstore.TxStore); ok {
+		ids = append(ids, id("transactional"))
+		p := b.params(ids[2])
+		b.reserveNew(t, p)
+		tx, err := ts.KeyBeginTx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.KeyComplete(ctx, &idemstore.CompleteParams{Identity: ids[2], Token: p.Token, Response: resp()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		// Twice: a replay cache below fills on the first, answers the second.
+		for range 2 {
+			requireResponse(t, b.reserveExisting(t, b.params(id)), resp())
+		}
+		if kr == nil {
+			continue
+		}
+		raw, err := store.KeyGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name, ok := idemcrypt.SealedBy(raw.Response); !ok || name != kr.Primary() {
+			t.Fatalf("record %q is not sealed under %q as stored", id.Key, kr.Primary())
+		}
+	}
+	return marker
+}
+
+// NewTestKeyring returns a keyring of fresh random keys with the given
+// names, the first sealing.
+func NewTestKeyring(t testing.TB, names ...string) *idemcrypt.Keyring {
+	t.Helper()
+	keys := make([]idemcrypt.Key, len(names))
+	for i, n := range names {
+		keys[i] = idemcrypt.Key{Name: n, Secret: make([]byte, idemcrypt.KeySize)}
+		rand.Read(keys[i].Secret)
+	}
+	kr, err := idemcrypt.NewKeyring(keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kr
 }
