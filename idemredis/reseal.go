@@ -10,8 +10,8 @@ import (
 var resealScript = loadScript("reseal.lua")
 
 var (
-	_ idemstore.Resealer = (*Store)(nil)
-	argKeys1 any         = 1
+	_        idemstore.Resealer = (*Store)(nil)
+	argKeys1 any                = 1
 )
 
 // KeyReseal implements idemstore.Resealer.
