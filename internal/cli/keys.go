@@ -49,7 +49,7 @@ func printKeysUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: %s\n\nInspects and settles the records of a store, on the operator's own terminal\n"+
 		"(keys are shown; logs only ever name a record by its key_hash).\n\nSubcommands:\n", keysSynopsis)
 	for _, c := range keysCommands {
-		fmt.Fprintf(w, "  %-17s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND -h' for its flags.\n")
 }

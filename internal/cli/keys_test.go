@@ -176,7 +176,7 @@ func TestKeysUsage(t *testing.T) {
 		wantStdout string
 		wantStderr string
 	}{
-		{[]string{"keys"}, ExitUsage, "", "want a subcommand: list, show, resolve or purge"},
+		{[]string{"keys"}, ExitUsage, "", "want a subcommand: list, show, resolve, purge or rotate-encryption"},
 		{[]string{"keys", "-h"}, ExitOK, "Usage: idem keys list|show|resolve|purge", ""},
 		{[]string{"help", "keys"}, ExitOK, "  resolve  settle an unknown record", ""},
 		{[]string{"keys", "nope"}, ExitUsage, "", `unknown subcommand "nope"`},

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeKeysFile(t *testing.T, lines ...string) (path string, material []string) {
+	t.Helper()
+	var b strings.Builder
+	for _, name := range lines {
+		k := make([]byte, 32)
+		rand.Read(k)
+		m := base64.StdEncoding.EncodeToString(k)
+		material = append(material, m)
+		b.WriteString(name + ":" + m + "\n")
+	}
+	path = filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, material
+}
+
+// idem proxy --encryption-keys-file keeps the answers out of the database
+// file, --redact-json-fields keeps fields out of replays, and idem keys
+// show opens the record with the keys file (from its variable) and fails
+// clearly without it.
+func TestProxyEncryptionKeysFile(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/cards/SECRET-LOC")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"token":"SECRET-TOKEN","card":{"number":"SECRET-CARD","brand":"visa"}}`)
+	}))
+	defer up.Close()
+	keysPath, material := writeKeysFile(t, "k1")
+	db := filepath.Join(t.TempDir(), "idem.db")
+	base, e, stop := startProxy(t, "--upstream", up.URL, "--store", "sqlite:"+db,
+		"--encryption-keys-file", keysPath, "--redact-json-fields", "token, card.number")
+	r1, b1 := postTo(t, base+"/v1/payments", "k", "")
+	r2, b2 := postTo(t, base+"/v1/payments", "k", "")
+	if r1.StatusCode != http.StatusCreated || !strings.Contains(b1, "SECRET-TOKEN") || !strings.Contains(b1, "SECRET-CARD") {
+		t.Fatalf("first answer %d %s: want it whole", r1.StatusCode, b1)
+	}
+	if r2.StatusCode != http.StatusCreated || r2.Header.Get("Idempotent-Replayed") != "true" ||
+		b2 != `{"card":{"brand":"visa"}}` || r2.Header.Get("Location") != "/v1/cards/SECRET-LOC" {
+		t.Fatalf("replay %d %v %s: want the redacted body", r2.StatusCode, r2.Header, b2)
+	}
+	if code := stop(); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, e.stderr)
+	}
+	logs := e.stderr.String()
+	if !strings.Contains(logs, "encryption_keys=k1") || strings.Contains(logs, material[0]) {
+		t.Fatalf("the start-up log should name the keys, never their material:\n%s", logs)
+	}
+	files, _ := filepath.Glob(db + "*")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("SECRET")) || bytes.Contains(b, []byte("/v1/cards")) {
+			t.Fatalf("%s holds a stored answer in the clear", f)
+		}
+	}
+
+	show := []string{"show", "--store", "sqlite:" + db, "--endpoint", "POST /v1/payments", "k"}
+	code, out, errOut := runKeysIn(t, openExisting, map[string]string{"IDEM_ENCRYPTION_KEYS_FILE": keysPath}, show...)
+	if code != ExitOK || !strings.Contains(out, `"brand":"visa"`) || !strings.Contains(out, "/v1/cards/SECRET-LOC") {
+		t.Fatalf("keys show with the keys file: %d\n%s\n%s", code, out, errOut)
+	}
+	code, out, errOut = runKeysIn(t, openExisting, nil, show...)
+	if code != ExitError || !strings.Contains(errOut, `(key "k1")`) || strings.Contains(out+errOut, "visa") {
+		t.Fatalf("keys show without the keys file: %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+func TestKeysRotateEncryptionUsage(t *testing.T) {
+	t.Parallel()
+	short := filepath.Join(t.TempDir(), "short")
+	os.WriteFile(short, []byte("k1:c2hvcnQ=\n"), 0o600)
+	for _, tt := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"rotate-encryption", "--store", "memory:"}, "--encryption-keys-file (or IDEM_ENCRYPTION_KEYS_FILE) is required"},
+		{[]string{"rotate-encryption", "--store", "memory:", "--encryption-keys-file", short}, "5 bytes, want 32"},
+		{[]string{"rotate-encryption", "--store", "memory:", "--encryption-keys-file", short, "--resume", "nope"}, "not a cursor"},
+		{[]string{"rotate-encryption", "--store", "memory:", "--encryption-keys-file", short, "--batch-size", "0"}, "batch-size"},
+	} {
+		code, _, errOut := runKeysIn(t, openExisting, nil, tt.args...)
+		if code != ExitUsage || !strings.Contains(errOut, tt.wantErr) || strings.Contains(errOut, "c2hvcnQ") {
+			t.Errorf("%v: exit %d, %q; want a usage error with %q", tt.args, code, errOut, tt.wantErr)
+		}
+	}
+}
+
+func TestRedactFieldsFlag(t *testing.T) {
+	t.Parallel()
+	var got []string
+	v := fieldsValue{&got}
+	if err := v.Set(" a , b.c "); err != nil || strings.Join(got, "|") != "a|b.c" {
+		t.Fatalf("Set = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "a,,b", ".a", "a.", "a..b"} {
+		if err := v.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+}
