@@ -40,6 +40,12 @@
 //   - KeyReserve returns a completed record unchanged: a completed record
 //     is never taken over while alive.
 //   - KeyReap deletes records past ExpiresAt, which the cache never serves.
+//   - KeyReseal (idemstore.Resealer, encryption key rotation) is the one
+//     write that rewrites a completed record: not what it answers, only how
+//     its response is sealed. Store.KeyReseal drops the cached copy after
+//     the store's write; a copy a racing fill puts back says the same, and
+//     idemcrypt discards a copy sealed under a key it no longer holds and
+//     asks the store again.
 //   - Once a record is past ExpiresAt the key is new again, and the store may
 //     hold another incarnation under the same identity. The cache may still
 //     hold the old one (a slow fill may even write it back), but it is past
