@@ -38,6 +38,9 @@
 // New wraps any idemstore.Store: it seals on KeyComplete, KeyResolve and
 // transactional completions, and opens on every read. The middleware wraps
 // its store with Config.Keyring itself; tools that read or write records
-// (idem keys, the console) wrap with New. A caching layer (idemcache) goes
-// below New, so it caches ciphertext.
+// (idem keys, the console, an idemmaint reconciler that resolves with a
+// response) wrap with New. A caching layer (idemcache) goes below New, so
+// it caches ciphertext. Completions written by hand in the caller's own
+// transaction (idemsqlite.CompleteTx, idempgx.CompleteTx) are stored as
+// given: seal them first with Keyring.Seal.
 package idemcrypt
