@@ -12,11 +12,13 @@ var _ idemstore.Resealer = (*Store)(nil)
 // KeyReseal is the wrapped store's KeyReseal (it must implement
 // idemstore.Resealer), followed by the invalidation of the cached copy:
 // resealing is the one write that changes a completed record while it is
-// alive. The copy is dropped after the store's write, so the next replay
-// fills the cache from the rewritten record; a fill racing with it may put
-// the old copy back, which still says the same and opens as long as its key
-// is in the keyring (idemcrypt drops a cached copy under a retired key and
-// asks the store again).
+// alive. The copy is dropped after the store's write, best effort like
+// every cache call (a failure is logged, never returned: the rewrite did
+// happen), so the next replay fills the cache from the rewritten record. A
+// copy left behind, by a failed delete or put back by a racing fill, still
+// says the same and opens as long as its key is in the keyring; idemcrypt
+// drops a cached copy under a key it no longer holds and asks the store
+// again.
 func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error {
 	rs, ok := s.inner.(idemstore.Resealer)
 	if !ok {
@@ -25,8 +27,6 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	if err := rs.KeyReseal(ctx, p); err != nil {
 		return err
 	}
-	if err := s.Invalidate(ctx, p.Identity); err != nil {
-		return fmt.Errorf("dropping the cached copy of record %s: %w", p.Identity.LogHash(), err)
-	}
+	s.delete(ctx, p.Identity)
 	return nil
 }
