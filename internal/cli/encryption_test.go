@@ -11,6 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemstore"
 )
 
 func writeKeysFile(t *testing.T, lines ...string) (path string, material []string) {
@@ -117,5 +122,36 @@ func TestRedactFieldsFlag(t *testing.T) {
 		if err := v.Set(bad); err == nil {
 			t.Errorf("Set(%q) accepted", bad)
 		}
+	}
+}
+
+// `idem maintain --encryption-keys-file` stores the answers its reconciler
+// finds sealed, as the middleware would.
+func TestMaintainReconcilesSealed(t *testing.T) {
+	t.Parallel()
+	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"card":"SECRET-CARD"}`)
+	}))
+	defer lookup.Close()
+	keysPath, _ := writeKeysFile(t, "k1")
+	store := idemmem.New(nil)
+	ctx := t.Context()
+	id := idemstore.Identity{Scope: "acme", Endpoint: payments, Key: "k-applied"}
+	if _, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+		Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnv(map[string]string{"IDEM_ENCRYPTION_KEYS_FILE": keysPath})
+	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}"); err != nil {
+		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
+	}
+	rec, err := store.KeyGet(ctx, id)
+	if err != nil || rec.State != idemstore.StateCompleted {
+		t.Fatalf("record %+v, %v; want completed", rec, err)
+	}
+	if name, ok := idemcrypt.SealedBy(rec.Response); !ok || name != "k1" || strings.Contains(string(rec.Response.Body), "SECRET") {
+		t.Fatalf("the reconciled answer is stored in the clear: %+v", rec.Response)
 	}
 }

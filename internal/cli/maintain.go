@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/internal/storeurl"
 )
@@ -19,6 +20,7 @@ type maintainOptions struct {
 	once          bool
 	ops           opsOptions
 	reconcile     reconcileOptions
+	keyring       keyringFlag
 }
 
 // maintainAbout says what the maintainer does, for `idem maintain -h`.
@@ -53,6 +55,7 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 	fs.BoolVar(&o.once, "once", false, "run one pass of each job, print what it did and exit")
 	o.ops.register(fs)
 	o.reconcile.register(fs)
+	o.keyring.register(fs)
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
@@ -93,11 +96,18 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	if err != nil {
 		return err
 	}
+	keyring, err := o.keyring.load()
+	if err != nil {
+		return err
+	}
 	store, closeStore, err := openStore(ctx, open, o.store)
 	if err != nil {
 		return err
 	}
 	defer closeStore(&err)
+	// The reconciler stores the answers it finds, and the console shows
+	// records: both through the keyring.
+	store = idemcrypt.New(store, keyring)
 	cfg := maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize)
 	o.reconcile.apply(e, cfg, idemmaint.DefaultLookupMaxBody)
 	m := idemmaint.New(store, cfg)
@@ -116,6 +126,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		"reap_interval", o.reapInterval,
 		"batch_size", o.batchSize,
 		"reconciler", o.reconcile.kind(),
+		"encryption_keys", keyNames(keyring),
 	)
 	o2, err := newOps(&o.ops, opsParts{Store: store, Maintainer: m, Logger: e.logger})
 	if err != nil {

@@ -202,7 +202,9 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		// Stopped before the store is closed (defers run last first).
 		mcfg := maintainerConfig(e, 0, 0, 0)
 		o.reconcile.apply(e, mcfg, o.maxResponse)
-		maint = idemmaint.New(store, mcfg)
+		// The reconciler stores the answers it finds: sealed, as the
+		// middleware's.
+		maint = idemmaint.New(idemcrypt.New(store, keyring), mcfg)
 		if err := maint.Start(ctx); err != nil {
 			ln.Close()
 			return err
