@@ -25,7 +25,9 @@ func BenchmarkEncryption(b *testing.B) {
 		b.Fatal(err)
 	}
 	stores := map[string]func(b *testing.B, now func() time.Time) idemstore.Store{
-		"memory": func(b *testing.B, now func() time.Time) idemstore.Store { return idemmem.New(&idemmem.Config{Now: now}) },
+		"memory": func(b *testing.B, now func() time.Time) idemstore.Store {
+			return idemmem.New(&idemmem.Config{Now: now})
+		},
 		"sqlite": func(b *testing.B, now func() time.Time) idemstore.Store {
 			s, err := idemsqlite.Open(filepath.Join(b.TempDir(), "bench.db"), &idemsqlite.Config{Now: now})
 			if err != nil {
