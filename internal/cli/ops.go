@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/idemprom"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/internal/redact"
 	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -251,7 +252,7 @@ func openCache(rawURL string, store idemstore.Store, logger *slog.Logger) (idems
 	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://"):
 		opt, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, nil, fmt.Errorf("cache URL: %w", err)
+			return nil, nil, fmt.Errorf("cache URL %s: %w", storeurl.Redact(rawURL), redact.Error(err, rawURL))
 		}
 		// A cache must fail fast: the store answers when it cannot.
 		opt.MaxRetries = -1

@@ -157,6 +157,8 @@ func (v secretValue) String() string {
 	return "…"
 }
 
+func (secretValue) hidden() {}
+
 func (v secretValue) Set(s string) error {
 	*v.p = s
 	return nil

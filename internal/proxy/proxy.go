@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redact"
 )
 
 // Default settings of Config.
@@ -164,7 +165,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request failed",
 		slog.String("method", r.Method),
-		slog.String("upstream", h.upstream.Redacted()),
+		slog.String("upstream", redact.URL(h.upstream.String())),
 		slog.Bool("maybe_sent", sent),
 		slog.Int("status", status),
 		slog.String("error", err.Error()),
