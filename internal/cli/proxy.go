@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -134,7 +135,7 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 }
 
 // errNoScope is the logged cause of the 401 for a request without the scope
-// header; the client sees the middleware's generic problem.
+// header, or with only empty or blank values of it; the client sees the middleware's generic problem.
 var errNoScope = errors.New("the scope header is missing")
 
 // scopeFromHeader returns an idem.Config.Scope that takes the scope from the
@@ -142,8 +143,8 @@ var errNoScope = errors.New("the scope header is missing")
 // credential) is never stored or logged. Several field lines are joined with
 // ", ", as RFC 9110 §5.3 combines them.
 //
-// A covered request with an Idempotency-Key but without the header is
-// answered 401 problem+json (code "unauthorized") rather than given the
+// A covered request with an Idempotency-Key but without the header, or
+// with only empty or blank values of it, is answered 401 problem+json (code "unauthorized") rather than given the
 // scope of the empty value: clients that forgot their credential must not
 // share one key space in which they could replay each other's answers.
 // Requests the middleware does not protect (other methods, no key) are
@@ -152,7 +153,7 @@ var errNoScope = errors.New("the scope header is missing")
 func scopeFromHeader(name string) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		values := r.Header.Values(name)
-		if len(values) == 0 {
+		if !slices.ContainsFunc(values, func(v string) bool { return strings.TrimSpace(v) != "" }) {
 			return "", errNoScope
 		}
 		return scopeOf(strings.Join(values, ", ")), nil

@@ -170,7 +170,10 @@ func TestScopeFromHeader(t *testing.T) {
 		wantErr bool
 	}{
 		{"one value", []string{"Bearer t-1"}, hash("Bearer t-1"), false},
-		{"empty value", []string{""}, hash(""), false},
+		{"empty value", []string{""}, "", true},
+		{"blank value", []string{" \t "}, "", true},
+		{"blank field lines", []string{"", " "}, "", true},
+		{"padded value", []string{" acme "}, hash(" acme "), false},
 		{"field lines combined", []string{"tenant-1", "tenant-2"}, hash("tenant-1, tenant-2"), false},
 		{"missing", nil, "", true},
 	}
@@ -189,6 +192,35 @@ func TestScopeFromHeader(t *testing.T) {
 				t.Errorf("%s: scope %q contains the header's value", tt.name, got)
 			}
 		}
+	}
+}
+
+// A scope header sent empty or blank is a missing one: 401, upstream not
+// called, rather than one key space shared by every client that sends it so.
+func TestProxyBlankScopeHeaderIsUnauthorized(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	base, _, _ := startProxy(t, "--upstream", up.URL, "--store", "memory:", "--scope-header", "X-Api-Key")
+	for _, v := range []string{"", " ", "\t"} {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "k")
+		req.Header["X-Api-Key"] = []string{v}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("X-Api-Key %q: answer %d %s, want 401 problem+json", v, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("upstream called %d times, want 0", n)
 	}
 }
 
