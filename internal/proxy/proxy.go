@@ -35,7 +35,7 @@ import (
 // Default settings of Config.
 const (
 	DefaultTimeout         = 60 * time.Second
-	DefaultProblemTypeBase = "https://idem.dev/problems/"
+	DefaultProblemTypeBase = idem.DefaultProblemBaseURI
 )
 
 // Problem codes of the answers the proxy makes itself.
