@@ -61,6 +61,9 @@ type opsParts struct {
 	Maintainer *idemmaint.Maintainer
 	Outbox     outbox.Store
 	Logger     *slog.Logger
+	// TenantLabel fills the tenant label of the decision metrics
+	// (idemprom.Config.TenantLabel).
+	TenantLabel bool
 }
 
 // ops holds the metrics the middleware reports to and the handler serving
@@ -79,7 +82,7 @@ type ops struct {
 func newOps(o *opsOptions, p opsParts) (*ops, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := idemprom.New(reg, nil)
+	metrics := idemprom.New(reg, &idemprom.Config{TenantLabel: p.TenantLabel})
 	if p.Maintainer != nil || p.Outbox != nil {
 		if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats { return maintainerStats(p) }); err != nil {
 			return nil, err

@@ -53,6 +53,7 @@ type paymentsOptions struct {
 	demo              bool
 	crashAt           paysvc.CrashPoint
 	ops               opsOptions
+	guards            safeguardOptions
 }
 
 // parsePayments reads the flags of `idem payments` and their IDEM_*
@@ -70,6 +71,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 		lease:             30 * time.Second,
 		settleAfter:       paysvc.DefaultSettleAfter,
 		demo:              true,
+		guards:            defaultSafeguards(),
 	}
 	fs := newFlagSet("payments", "idem payments [flags]",
 		"Runs the reference payments service: POST /v1/payments writes the payment, an\n"+
@@ -91,6 +93,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.deliverTimeout}, "deliver-timeout", "`DURATION` a charge may take before its outcome is unknown")
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant on a fresh database, send one payment twice at start to show the replay")
+	o.guards.register(fs)
 	o.ops.register(fs)
 	err := fs.parse(args, e)
 	if err != nil {
@@ -252,6 +255,11 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		SettleAfter:       o.settleAfter,
 		Metrics:           metrics,
 		Logger:            e.logger,
+
+		BodyTimeout:              o.guards.bodyTimeout,
+		MinKeyLength:             o.guards.minKeyLength,
+		MaxInProgressPerScope:    o.guards.maxInProgressPerScope,
+		NewKeysPerSecondPerScope: o.guards.newKeysPerSecond,
 	}
 	if demo {
 		// The demo token is kept in the database: copied curl lines keep
@@ -275,7 +283,8 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		}
 	}()
 
-	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger})
+	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger,
+		TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		return err
 	}
@@ -317,7 +326,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		defer stopDemo()
 		demoDone.Go(func() { showReplay(demoCtx, e, api, tokens[demoTenant]) })
 	}
-	err = serve(ctx, e, ln, svc.Handler())
+	err = serveWith(ctx, e, ln, svc.Handler(), o.guards.bodyTimeout)
 	demoDone.Wait()
 	return err
 }

@@ -45,6 +45,9 @@ type proxyOptions struct {
 	cache       string
 	ops         opsOptions
 	reconcile   reconcileOptions
+	guards      safeguardOptions
+	async       bool
+	problemBase string
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -56,9 +59,10 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		ttl:         24 * time.Hour,
 		lease:       30 * time.Second,
 		profile:     string(idem.ProfileIETF),
-		methods:     []string{http.MethodPost, http.MethodPatch},
 		maxBody:     1 << 20,
 		maxResponse: 1 << 20,
+		guards:      defaultSafeguards(),
+		problemBase: idem.DefaultProblemBaseURI,
 	}
 	fs := newFlagSet("proxy", "idem proxy --upstream URL [flags]",
 		"Puts the idempotency contract in front of any HTTP API: a request with an\n"+
@@ -75,10 +79,13 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		"profile", "`PROFILE` of the answers to key reuse and 5xx: ietf, stripe or appstrate")
 	fs.BoolVar(&o.requireKey, "require-key", o.requireKey, "answer 400 key-missing to a covered request without Idempotency-Key")
 	fs.Var(headerNameValue{&o.scopeHeader}, "scope-header", "header `NAME` whose value's SHA-256 scopes the keys; a protected request without it gets 401")
-	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through")
+	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through (default POST,PATCH; with --profile appstrate POST,PUT,PATCH,DELETE)")
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
+	fs.BoolVar(&o.async, "async", o.async, "answer a retry of a request still in progress 202 Accepted with Retry-After instead of 409 key-in-use")
+	fs.Var(problemBaseValue{&o.problemBase}, "problem-base-uri", "`URI` the problem code is appended to, to form a problem+json \"type\"")
+	o.guards.register(fs)
 	o.ops.register(fs)
 	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper, reaper and, with --reconcile-url, reconciler) in this process")
 	o.reconcile.register(fs)
@@ -91,7 +98,29 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	if o.upstream == nil {
 		return nil, usageErrorf("--upstream (or %s) is required", envName("upstream"))
 	}
+	if len(o.methods) == 0 {
+		o.methods = idem.DefaultMethods(idem.Profile(o.profile))
+	}
 	return o, nil
+}
+
+// problemBaseValue is a URI with a scheme (https://…, urn:…).
+type problemBaseValue struct{ p *string }
+
+func (v problemBaseValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v problemBaseValue) Set(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return errors.New("want a URI with a scheme, such as https://api.example.com/problems/")
+	}
+	*v.p = s
+	return nil
 }
 
 // storeValue is a store URL whose scheme names a store.
@@ -115,15 +144,17 @@ func (v storeValue) Set(s string) error {
 // config maps the options onto the middleware's configuration.
 func (o *proxyOptions) config(e *env) *idem.Config {
 	cfg := &idem.Config{
-		Methods:     o.methods,
-		RequireKey:  o.requireKey,
-		TTL:         o.ttl,
-		Lease:       o.lease,
-		Wait:        o.wait,
-		Profile:     idem.Profile(o.profile),
-		MaxBody:     o.maxBody,
-		MaxResponse: o.maxResponse,
-		Logger:      e.logger,
+		Methods:        o.methods,
+		RequireKey:     o.requireKey,
+		TTL:            o.ttl,
+		Lease:          o.lease,
+		Wait:           o.wait,
+		Profile:        idem.Profile(o.profile),
+		MaxBody:        o.maxBody,
+		MaxResponse:    o.maxResponse,
+		Async:          o.async,
+		ProblemBaseURI: o.problemBase,
+		Logger:         e.logger,
 		// The upstream routes on the path as sent, so /a%2Fb and /a/b are
 		// different endpoints, as they may be different resources.
 		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
@@ -131,6 +162,7 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 	if o.scopeHeader != "" {
 		cfg.Scope = scopeFromHeader(o.scopeHeader)
 	}
+	o.guards.apply(cfg)
 	return cfg
 }
 
@@ -204,7 +236,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		return err
 	}
 	defer closeCache()
-	opsHandler, err := newOps(&o.ops, opsParts{Store: store, Maintainer: maint, Logger: e.logger})
+	opsHandler, err := newOps(&o.ops, opsParts{Store: store, Maintainer: maint, Logger: e.logger, TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		ln.Close()
 		return err
@@ -220,7 +252,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	defer stopOps()
 	cfg := o.config(e)
 	cfg.Metrics = opsHandler.Metrics
-	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
+	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
 		"addr", ln.Addr().String(),
@@ -233,5 +265,5 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"maintain", o.maintain,
 		"cache", storeurl.Redact(o.cache),
 	)
-	return serve(ctx, e, ln, idem.New(store, cfg)(upstream))
+	return serveWith(ctx, e, ln, idem.New(store, cfg)(upstream), o.guards.bodyTimeout)
 }
