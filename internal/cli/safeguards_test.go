@@ -262,3 +262,26 @@ func TestProxyBodyTimeout(t *testing.T) {
 		t.Errorf("slow unprotected body held the connection %s, want it cut off at about 300ms", took)
 	}
 }
+
+// idem payments takes the safeguards that apply to it, from flags or
+// variables, and its middleware enforces them.
+func TestPaymentsSafeguardFlags(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(map[string]string{"IDEM_NEW_KEYS_PER_SECOND_PER_SCOPE": "0.01"})
+	base, _ := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken+",globex="+payOtherToken,
+		"--min-key-length", "8", "--max-in-progress-per-scope", "3", "--body-timeout", "5s", "--metrics-tenant-label")...)
+	resp, body := postPayment(t, base, payToken, "short")
+	if code, typ := problemCode(t, body); resp.StatusCode != 400 || code != "key-invalid" || typ != "https://github.com/idem-dev/idem#problem-key-invalid" {
+		t.Errorf("a 5-character key: %d %s, want 400 key-invalid", resp.StatusCode, body)
+	}
+	if resp, body := postPayment(t, base, payToken, "payment-1"); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("first payment: %d %s", resp.StatusCode, body)
+	}
+	resp, body = postPayment(t, base, payToken, "payment-2")
+	if code, _ := problemCode(t, body); resp.StatusCode != 429 || code != "too-many-keys" {
+		t.Errorf("a second new key at once (IDEM_NEW_KEYS_PER_SECOND_PER_SCOPE=0.01): %d %s, want 429", resp.StatusCode, body)
+	}
+	if resp, body := postPayment(t, base, payOtherToken, "payment-1"); resp.StatusCode != http.StatusCreated {
+		t.Errorf("another tenant: %d %s, want 201", resp.StatusCode, body)
+	}
+}
