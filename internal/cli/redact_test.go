@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -51,5 +52,30 @@ func TestRunNeverPrintsPasswords(t *testing.T) {
 				t.Error("stderr is empty: the failure is not explained")
 			}
 		})
+	}
+}
+
+// The same through the exported entry point, with the process's streams
+// replaced by buffers.
+func TestExportedRunNeverPrintsPasswords(t *testing.T) {
+	t.Parallel()
+	const pw = "S3cretPW"
+	for _, args := range [][]string{
+		{"keys", "list", "--store", "postgress://postgres:" + pw + "@127.0.0.1:5432/x"},
+		{"migrate", "up", "--store", "host=127.0.0.1 password=" + pw},
+		{"proxy", "--upstream", "http://admin:" + pw + "@127.0.0.1:9000"},
+		{"proxy", "--upstream", "http://127.0.0.1:9", "--store", "memory:", "--listen", "127.0.0.1:0", "--cache", "redis://:" + pw + "@127.0.0.1:badport/1"},
+		{"payments", "--provider-url", "http://admin:" + pw + "@127.0.0.1:9000"},
+	} {
+		var stdout, stderr bytes.Buffer
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		code := Run(ctx, args, &stdout, &stderr)
+		cancel()
+		if code == ExitOK || stderr.Len() == 0 {
+			t.Errorf("idem %s: exit %d, stderr %q; want a failure explained", args[0], code, stderr.String())
+		}
+		if strings.Contains(stdout.String()+stderr.String(), pw) {
+			t.Errorf("idem %s prints the password:\nstdout: %s\nstderr: %s", strings.Join(args[:2], " "), stdout.String(), stderr.String())
+		}
 	}
 }
