@@ -23,6 +23,24 @@ const (
 	ProfileAppstrate Profile = "appstrate"
 )
 
+// DefaultProblemBaseURI is the default of Config.ProblemBaseURI: a problem's
+// "type" is this followed by its code, an anchor of the README's table of
+// problems (https://github.com/idem-dev/idem#problem-key-reused).
+const DefaultProblemBaseURI = "https://github.com/idem-dev/idem#problem-"
+
+// DefaultMethods returns the methods a profile covers by default: POST and
+// PATCH, and with ProfileAppstrate, whose documentation covers every write,
+// POST, PUT, PATCH and DELETE.
+func DefaultMethods(p Profile) []string {
+	if p == ProfileAppstrate {
+		return []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+	}
+	return []string{http.MethodPost, http.MethodPatch}
+}
+
+// DefaultBodyTimeout is the default of Config.BodyTimeout.
+const DefaultBodyTimeout = 60 * time.Second
+
 // DefaultStoredHeaders is the allow-list of response headers stored for replay.
 var DefaultStoredHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
@@ -34,7 +52,8 @@ var DefaultStoredHeaders = []string{
 // fingerprint) get their own middleware instance on the same store.
 type Config struct {
 	// Methods are the covered methods; others pass through untouched.
-	// Defaults to POST and PATCH.
+	// Defaults to DefaultMethods(Profile): POST and PATCH, and with
+	// ProfileAppstrate POST, PUT, PATCH and DELETE.
 	Methods []string
 	// RequireKey answers 400 key-missing to a covered request without the
 	// header. Defaults to false: such requests pass through unprotected.
@@ -69,6 +88,15 @@ type Config struct {
 	// MaxBody is the largest request body fingerprinted; larger bodies get
 	// 413 body-too-large before anything is stored. Defaults to 1 MiB.
 	MaxBody int64
+	// BodyTimeout bounds how long the client may take to send the body of
+	// a covered request with a key, from the moment the middleware starts
+	// reading it. A body still arriving then gets 408 body-timeout and
+	// nothing is stored: the key is reserved only once the whole body is
+	// in, so a slow body never holds it in progress. The bound is a read
+	// deadline on the connection (http.ResponseController), which net/http's
+	// HTTP/1 and HTTP/2 servers support; with a ResponseWriter that does not,
+	// the body is not bounded. Defaults to 60 seconds.
+	BodyTimeout time.Duration
 	// MaxResponse is the largest response body stored; a larger response is
 	// delivered once and marked not replayable. Defaults to 1 MiB.
 	MaxResponse int64
@@ -94,8 +122,14 @@ type Config struct {
 	// store outage (503 before the handler, a logged failure after it).
 	// Defaults to 2 seconds.
 	StoreTimeout time.Duration
-	// ProblemTypeBase prefixes the problem code to form the problem+json
-	// "type" URI. Defaults to "https://idem.dev/problems/".
+	// ProblemBaseURI prefixes the problem code to form the problem+json
+	// "type" URI. Defaults to DefaultProblemBaseURI, whose URIs lead to the
+	// README's description of each problem.
+	ProblemBaseURI string
+	// ProblemTypeBase is the former name of ProblemBaseURI, used when
+	// ProblemBaseURI is empty.
+	//
+	// Deprecated: use ProblemBaseURI.
 	ProblemTypeBase string
 	// MaxInProgressPerScope, when positive, answers 429 too-many-keys to a
 	// new key when the scope already has that many requests in progress in
@@ -147,7 +181,7 @@ func (c *Config) withDefaults() Config {
 		cfg = *c
 	}
 	if len(cfg.Methods) == 0 {
-		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+		cfg.Methods = DefaultMethods(cfg.Profile)
 	}
 	if cfg.MinKeyLength <= 0 {
 		cfg.MinKeyLength = 1
@@ -164,6 +198,9 @@ func (c *Config) withDefaults() Config {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = 1 << 20
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
 	if cfg.MaxResponse <= 0 {
 		cfg.MaxResponse = 1 << 20
 	}
@@ -173,8 +210,11 @@ func (c *Config) withDefaults() Config {
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = 2 * time.Second
 	}
-	if cfg.ProblemTypeBase == "" {
-		cfg.ProblemTypeBase = "https://idem.dev/problems/"
+	if cfg.ProblemBaseURI == "" {
+		cfg.ProblemBaseURI = cfg.ProblemTypeBase
+	}
+	if cfg.ProblemBaseURI == "" {
+		cfg.ProblemBaseURI = DefaultProblemBaseURI
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = nopMetrics{}

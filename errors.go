@@ -8,7 +8,7 @@ import (
 )
 
 // Problem codes: the short names carried in the "code" member of every
-// problem+json answer and appended to Config.ProblemTypeBase to form "type".
+// problem+json answer and appended to Config.ProblemBaseURI to form "type".
 const (
 	CodeKeyMissing       = "key-missing"
 	CodeKeyInvalid       = "key-invalid"
@@ -22,6 +22,9 @@ const (
 	// CodeBodyUnreadable answers a request whose body could not be read
 	// (the client went away or sent a broken body); nothing is stored.
 	CodeBodyUnreadable = "body-unreadable"
+	// CodeBodyTimeout answers 408 a request whose body did not arrive
+	// within Config.BodyTimeout; nothing is stored.
+	CodeBodyTimeout = "body-timeout"
 	// CodeConflict is the Appstrate profile's code for a reused key.
 	CodeConflict = "conflict"
 	// CodeUnauthorized answers a request whose scope could not be determined.
@@ -54,6 +57,7 @@ var problemTitles = map[string]string{
 	CodeStoreUnavailable: "Idempotency store unavailable",
 	CodeTooManyKeys:      "Too many idempotency keys",
 	CodeBodyUnreadable:   "Request body unreadable",
+	CodeBodyTimeout:      "Request body too slow",
 	CodeConflict:         "Idempotency-Key conflict",
 	CodeUnauthorized:     "Unauthorized",
 }
@@ -62,7 +66,7 @@ var problemTitles = map[string]string{
 // when positive, is sent as Retry-After in seconds.
 func (m *middleware) writeProblem(w http.ResponseWriter, status int, code, detail string, retryAfter int) {
 	p := Problem{
-		Type:   m.cfg.ProblemTypeBase + code,
+		Type:   m.cfg.ProblemBaseURI + code,
 		Title:  problemTitles[code],
 		Status: status,
 		Detail: detail,

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -134,11 +135,20 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 	}
-	body, tooLarge, err := readBody(r, m.cfg.MaxBody)
+	body, tooLarge, err := m.readBody(w, r)
 	if tooLarge {
 		m.cfg.Metrics.Decision(m.endpoint(r), scope, DecisionInvalid)
 		m.writeProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBody), 0)
+		return
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// Nothing is stored: the key was not reserved yet.
+		m.cfg.Metrics.Decision(m.endpoint(r), scope, DecisionInvalid)
+		m.log.Info("idem: request body too slow", "endpoint", m.endpoint(r), "body_timeout", m.cfg.BodyTimeout)
+		w.Header().Set("Connection", "close")
+		m.writeProblem(w, http.StatusRequestTimeout, CodeBodyTimeout,
+			fmt.Sprintf("The request body did not arrive within %s.", m.cfg.BodyTimeout), 0)
 		return
 	}
 	if err != nil {
@@ -694,6 +704,26 @@ func (m *middleware) endpoint(r *http.Request) string {
 }
 
 // readBody reads at most limit bytes of the request body.
+// readBody reads the request body within Config.BodyTimeout: a read
+// deadline on the connection, lifted once the body is in so the handler's
+// own reading (none: it gets the buffered body) and the next request on the
+// connection are not cut short.
+func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []byte, tooLarge bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false, nil
+	}
+	rc := http.NewResponseController(w)
+	// The wall clock, not Config.Now: the deadline is the connection's.
+	if rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)) == nil {
+		defer func() {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				_ = rc.SetReadDeadline(time.Time{})
+			}
+		}()
+	}
+	return readBody(r, m.cfg.MaxBody)
+}
+
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil

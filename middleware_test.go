@@ -99,7 +99,7 @@ func requireProblem(t *testing.T, w *httptest.ResponseRecorder, status int, code
 	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
 		t.Fatalf("problem body: %v: %s", err, w.Body)
 	}
-	if p.Code != code || p.Status != status || p.Title == "" || p.Detail == "" || p.Type != "https://idem.dev/problems/"+code {
+	if p.Code != code || p.Status != status || p.Title == "" || p.Detail == "" || p.Type != "https://github.com/idem-dev/idem#problem-"+code {
 		t.Fatalf("problem = %+v, want code %s status %d", p, code, status)
 	}
 	if strings.Contains(w.Body.String(), "key-one") {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/internal/redact"
 )
 
 // flagSet is a subcommand's flags with its usage text.
@@ -90,8 +92,12 @@ func (fs *flagSet) envName(flag string) string {
 // environment variable, when that is set and not empty. -h prints the usage
 // to stdout and returns flag.ErrHelp; other errors are usageErrors. Positional
 // arguments are refused.
+//
+// A value echoed in an error goes through redact.URL, so a URL or a
+// connection string shows without its password; a flag whose value
+// implements hiddenValue is not echoed at all.
 func (fs *flagSet) parse(args []string, e *env) error {
-	if err := fs.Parse(args); err != nil {
+	if err := fs.parseRedacted(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.printUsage(e.stdout)
 			return flag.ErrHelp
@@ -99,7 +105,7 @@ func (fs *flagSet) parse(args []string, e *env) error {
 		return usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("unexpected argument %q", fs.Arg(0))
+		return usageErrorf("unexpected argument %q", redact.URL(fs.Arg(0)))
 	}
 	given := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -120,7 +126,7 @@ func (fs *flagSet) parse(args []string, e *env) error {
 			return
 		}
 		if serr := f.Value.Set(v); serr != nil {
-			err = usageErrorf("invalid value %q for %s: %v", v, name, serr)
+			err = usageErrorf("invalid value %s for %s: %v", shown(f.Value, v), name, serr)
 		}
 	})
 	if err == nil {
@@ -128,6 +134,73 @@ func (fs *flagSet) parse(args []string, e *env) error {
 	}
 	return err
 }
+
+// hiddenValue is a flag value never shown in an error (a token, a header
+// value that carries a credential).
+type hiddenValue interface{ hidden() }
+
+// shown is how an error shows the value s of flag value v.
+func shown(v flag.Value, s string) string {
+	if _, ok := v.(hiddenValue); ok {
+		return "(hidden)"
+	}
+	return strconv.Quote(redact.URL(s))
+}
+
+// parseRedacted is fs.Parse, except that a value refused by its flag is shown
+// redacted: the flag package would quote it as given.
+func (fs *flagSet) parseRedacted(args []string) error {
+	var failed *setFailure
+	fs.VisitAll(func(f *flag.Flag) {
+		g := guardedValue{Value: f.Value, name: f.Name, failed: &failed}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			f.Value = guardedBool{g}
+		} else {
+			f.Value = g
+		}
+	})
+	defer fs.VisitAll(func(f *flag.Flag) {
+		switch v := f.Value.(type) {
+		case guardedValue:
+			f.Value = v.Value
+		case guardedBool:
+			f.Value = v.Value
+		}
+	})
+	err := fs.Parse(args)
+	if err != nil && failed != nil {
+		return fmt.Errorf("invalid value %s for flag -%s: %v", shown(failed.value, failed.s), failed.name, failed.err)
+	}
+	return err
+}
+
+// setFailure is the first value a flag refused during parseRedacted.
+type setFailure struct {
+	name  string
+	value flag.Value
+	s     string
+	err   error
+}
+
+// guardedValue records the value its flag refuses.
+type guardedValue struct {
+	flag.Value
+	name   string
+	failed **setFailure
+}
+
+func (g guardedValue) Set(s string) error {
+	err := g.Value.Set(s)
+	if err != nil && *g.failed == nil {
+		*g.failed = &setFailure{name: g.name, value: g.Value, s: s, err: err}
+	}
+	return err
+}
+
+// guardedBool is a guardedValue of a boolean flag, which takes no argument.
+type guardedBool struct{ guardedValue }
+
+func (g guardedBool) IsBoolFlag() bool { return true }
 
 func (fs *flagSet) printUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: %s\n\n%s\n\nFlags (each falls back to the environment variable shown):\n", fs.synopsis, fs.about)

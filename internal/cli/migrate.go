@@ -152,7 +152,7 @@ func parseMigrate(args []string, e *env) (*migrateOptions, error) {
 func (fs *flagSet) parseArgs(args []string, e *env) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.parseRedacted(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				fs.printUsage(e.stdout)
 				return nil, flag.ErrHelp

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/idemprom"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/internal/redact"
 	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -60,6 +61,9 @@ type opsParts struct {
 	Maintainer *idemmaint.Maintainer
 	Outbox     outbox.Store
 	Logger     *slog.Logger
+	// TenantLabel fills the tenant label of the decision metrics
+	// (idemprom.Config.TenantLabel).
+	TenantLabel bool
 }
 
 // ops holds the metrics the middleware reports to and the handler serving
@@ -78,7 +82,7 @@ type ops struct {
 func newOps(o *opsOptions, p opsParts) (*ops, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := idemprom.New(reg, nil)
+	metrics := idemprom.New(reg, &idemprom.Config{TenantLabel: p.TenantLabel})
 	if p.Maintainer != nil || p.Outbox != nil {
 		if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats { return maintainerStats(p) }); err != nil {
 			return nil, err
@@ -251,7 +255,7 @@ func openCache(rawURL string, store idemstore.Store, logger *slog.Logger) (idems
 	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://"):
 		opt, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, nil, fmt.Errorf("cache URL: %w", err)
+			return nil, nil, fmt.Errorf("cache URL %s: %w", storeurl.Redact(rawURL), redact.Error(err, rawURL))
 		}
 		// A cache must fail fast: the store answers when it cannot.
 		opt.MaxRetries = -1

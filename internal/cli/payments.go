@@ -54,6 +54,7 @@ type paymentsOptions struct {
 	crashAt           paysvc.CrashPoint
 	keyring           keyringFlag
 	ops               opsOptions
+	guards            safeguardOptions
 }
 
 // parsePayments reads the flags of `idem payments` and their IDEM_*
@@ -71,6 +72,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 		lease:             30 * time.Second,
 		settleAfter:       paysvc.DefaultSettleAfter,
 		demo:              true,
+		guards:            defaultSafeguards(),
 	}
 	fs := newFlagSet("payments", "idem payments [flags]",
 		"Runs the reference payments service: POST /v1/payments writes the payment, an\n"+
@@ -93,6 +95,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant on a fresh database, send one payment twice at start to show the replay")
 	o.keyring.register(fs)
+	o.guards.register(fs)
 	o.ops.register(fs)
 	err := fs.parse(args, e)
 	if err != nil {
@@ -158,6 +161,8 @@ func (v secretValue) String() string {
 	}
 	return "…"
 }
+
+func (secretValue) hidden() {}
 
 func (v secretValue) Set(s string) error {
 	*v.p = s
@@ -257,6 +262,11 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		SettleAfter:       o.settleAfter,
 		Metrics:           metrics,
 		Logger:            e.logger,
+
+		BodyTimeout:              o.guards.bodyTimeout,
+		MinKeyLength:             o.guards.minKeyLength,
+		MaxInProgressPerScope:    o.guards.maxInProgressPerScope,
+		NewKeysPerSecondPerScope: o.guards.newKeysPerSecond,
 	}
 	if demo {
 		// The demo token is kept in the database: copied curl lines keep
@@ -280,7 +290,8 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		}
 	}()
 
-	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger})
+	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger,
+		TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		return err
 	}
@@ -323,7 +334,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		defer stopDemo()
 		demoDone.Go(func() { showReplay(demoCtx, e, api, tokens[demoTenant]) })
 	}
-	err = serve(ctx, e, ln, svc.Handler())
+	err = serveWith(ctx, e, ln, svc.Handler(), o.guards.bodyTimeout)
 	demoDone.Wait()
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,9 @@ type proxyOptions struct {
 	redact      []string
 	ops         opsOptions
 	reconcile   reconcileOptions
+	guards      safeguardOptions
+	async       bool
+	problemBase string
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -58,9 +62,10 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		ttl:         24 * time.Hour,
 		lease:       30 * time.Second,
 		profile:     string(idem.ProfileIETF),
-		methods:     []string{http.MethodPost, http.MethodPatch},
 		maxBody:     1 << 20,
 		maxResponse: 1 << 20,
+		guards:      defaultSafeguards(),
+		problemBase: idem.DefaultProblemBaseURI,
 	}
 	fs := newFlagSet("proxy", "idem proxy --upstream URL [flags]",
 		"Puts the idempotency contract in front of any HTTP API: a request with an\n"+
@@ -77,12 +82,15 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		"profile", "`PROFILE` of the answers to key reuse and 5xx: ietf, stripe or appstrate")
 	fs.BoolVar(&o.requireKey, "require-key", o.requireKey, "answer 400 key-missing to a covered request without Idempotency-Key")
 	fs.Var(headerNameValue{&o.scopeHeader}, "scope-header", "header `NAME` whose value's SHA-256 scopes the keys; a protected request without it gets 401")
-	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through")
+	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through (default POST,PATCH; with --profile appstrate POST,PUT,PATCH,DELETE)")
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
 	o.keyring.register(fs)
 	fs.Var(fieldsValue{&o.redact}, "redact-json-fields", "comma-separated JSON member `PATHS` (token,card.number) removed from stored bodies: replays lack them, the first answer has them")
+	fs.BoolVar(&o.async, "async", o.async, "answer a retry of a request still in progress 202 Accepted with Retry-After instead of 409 key-in-use")
+	fs.Var(problemBaseValue{&o.problemBase}, "problem-base-uri", "`URI` the problem code is appended to, to form a problem+json \"type\"")
+	o.guards.register(fs)
 	o.ops.register(fs)
 	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper, reaper and, with --reconcile-url, reconciler) in this process")
 	o.reconcile.register(fs)
@@ -95,7 +103,29 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	if o.upstream == nil {
 		return nil, usageErrorf("--upstream (or %s) is required", envName("upstream"))
 	}
+	if len(o.methods) == 0 {
+		o.methods = idem.DefaultMethods(idem.Profile(o.profile))
+	}
 	return o, nil
+}
+
+// problemBaseValue is a URI with a scheme (https://…, urn:…).
+type problemBaseValue struct{ p *string }
+
+func (v problemBaseValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v problemBaseValue) Set(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return errors.New("want a URI with a scheme, such as https://api.example.com/problems/")
+	}
+	*v.p = s
+	return nil
 }
 
 // storeValue is a store URL whose scheme names a store.
@@ -119,15 +149,17 @@ func (v storeValue) Set(s string) error {
 // config maps the options onto the middleware's configuration.
 func (o *proxyOptions) config(e *env) *idem.Config {
 	cfg := &idem.Config{
-		Methods:     o.methods,
-		RequireKey:  o.requireKey,
-		TTL:         o.ttl,
-		Lease:       o.lease,
-		Wait:        o.wait,
-		Profile:     idem.Profile(o.profile),
-		MaxBody:     o.maxBody,
-		MaxResponse: o.maxResponse,
-		Logger:      e.logger,
+		Methods:        o.methods,
+		RequireKey:     o.requireKey,
+		TTL:            o.ttl,
+		Lease:          o.lease,
+		Wait:           o.wait,
+		Profile:        idem.Profile(o.profile),
+		MaxBody:        o.maxBody,
+		MaxResponse:    o.maxResponse,
+		Async:          o.async,
+		ProblemBaseURI: o.problemBase,
+		Logger:         e.logger,
 		// The upstream routes on the path as sent, so /a%2Fb and /a/b are
 		// different endpoints, as they may be different resources.
 		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
@@ -138,11 +170,12 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 	if len(o.redact) > 0 {
 		cfg.Redact = idem.RedactJSONFields(o.redact...)
 	}
+	o.guards.apply(cfg)
 	return cfg
 }
 
 // errNoScope is the logged cause of the 401 for a request without the scope
-// header; the client sees the middleware's generic problem.
+// header, or with only empty or blank values of it; the client sees the middleware's generic problem.
 var errNoScope = errors.New("the scope header is missing")
 
 // scopeFromHeader returns an idem.Config.Scope that takes the scope from the
@@ -150,8 +183,8 @@ var errNoScope = errors.New("the scope header is missing")
 // credential) is never stored or logged. Several field lines are joined with
 // ", ", as RFC 9110 §5.3 combines them.
 //
-// A covered request with an Idempotency-Key but without the header is
-// answered 401 problem+json (code "unauthorized") rather than given the
+// A covered request with an Idempotency-Key but without the header, or
+// with only empty or blank values of it, is answered 401 problem+json (code "unauthorized") rather than given the
 // scope of the empty value: clients that forgot their credential must not
 // share one key space in which they could replay each other's answers.
 // Requests the middleware does not protect (other methods, no key) are
@@ -160,7 +193,7 @@ var errNoScope = errors.New("the scope header is missing")
 func scopeFromHeader(name string) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		values := r.Header.Values(name)
-		if len(values) == 0 {
+		if !slices.ContainsFunc(values, func(v string) bool { return strings.TrimSpace(v) != "" }) {
 			return "", errNoScope
 		}
 		return scopeOf(strings.Join(values, ", ")), nil
@@ -218,7 +251,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	}
 	defer closeCache()
 	// The console reads and resolves records: through the keyring too.
-	opsHandler, err := newOps(&o.ops, opsParts{Store: idemcrypt.New(store, keyring), Maintainer: maint, Logger: e.logger})
+	opsHandler, err := newOps(&o.ops, opsParts{Store: idemcrypt.New(store, keyring), Maintainer: maint, Logger: e.logger, TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		ln.Close()
 		return err
@@ -235,7 +268,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	cfg := o.config(e)
 	cfg.Metrics = opsHandler.Metrics
 	cfg.Keyring = keyring
-	upstream := proxy.New(o.upstream, &proxy.Config{Logger: e.logger})
+	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
 		"addr", ln.Addr().String(),
@@ -250,5 +283,5 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"encryption_keys", keyNames(keyring),
 		"redact_json_fields", strings.Join(o.redact, ","),
 	)
-	return serve(ctx, e, ln, idem.New(store, cfg)(upstream))
+	return serveWith(ctx, e, ln, idem.New(store, cfg)(upstream), o.guards.bodyTimeout)
 }

@@ -37,6 +37,8 @@ func TestParseProxy(t *testing.T) {
 			maxBody:     1 << 20,
 			maxResponse: 1 << 20,
 			reconcile:   reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second},
+			guards:      safeguardOptions{bodyTimeout: 60 * time.Second},
+			problemBase: "https://github.com/idem-dev/idem#problem-",
 		}
 	}
 	up := "http://127.0.0.1:9000"
@@ -76,6 +78,29 @@ func TestParseProxy(t *testing.T) {
 			wantUp: up},
 		{name: "empty variable is unset", args: []string{"--upstream", up}, env: map[string]string{"IDEM_TTL": "", "IDEM_STORE": ""},
 			want: func(*proxyOptions) {}, wantUp: up},
+		{name: "safeguards",
+			args: []string{"--upstream", up, "--body-timeout", "5s", "--min-key-length", "16", "--max-in-progress-per-scope", "4",
+				"--new-keys-per-second-per-scope", "2.5", "--metrics-tenant-label", "--async", "--problem-base-uri", "https://api.example/problems/"},
+			want: func(o *proxyOptions) {
+				o.guards = safeguardOptions{bodyTimeout: 5 * time.Second, minKeyLength: 16, maxInProgressPerScope: 4, newKeysPerSecond: 2.5, tenantLabel: true}
+				o.async, o.problemBase = true, "https://api.example/problems/"
+			},
+			wantUp: up},
+		{name: "safeguard variables",
+			args: []string{"--upstream", up},
+			env: map[string]string{"IDEM_BODY_TIMEOUT": "5s", "IDEM_MIN_KEY_LENGTH": "16", "IDEM_MAX_IN_PROGRESS_PER_SCOPE": "4",
+				"IDEM_NEW_KEYS_PER_SECOND_PER_SCOPE": "2.5", "IDEM_METRICS_TENANT_LABEL": "true", "IDEM_ASYNC": "1", "IDEM_PROBLEM_BASE_URI": "urn:x:"},
+			want: func(o *proxyOptions) {
+				o.guards = safeguardOptions{bodyTimeout: 5 * time.Second, minKeyLength: 16, maxInProgressPerScope: 4, newKeysPerSecond: 2.5, tenantLabel: true}
+				o.async, o.problemBase = true, "urn:x:"
+			},
+			wantUp: up},
+		{name: "appstrate covers every write", args: []string{"--upstream", up, "--profile", "appstrate"},
+			want: func(o *proxyOptions) { o.profile, o.methods = "appstrate", []string{"POST", "PUT", "PATCH", "DELETE"} }, wantUp: up},
+		{name: "appstrate from the variable", args: []string{"--upstream", up}, env: map[string]string{"IDEM_PROFILE": "appstrate"},
+			want: func(o *proxyOptions) { o.profile, o.methods = "appstrate", []string{"POST", "PUT", "PATCH", "DELETE"} }, wantUp: up},
+		{name: "stripe keeps POST and PATCH", args: []string{"--upstream", up, "--profile", "stripe"},
+			want: func(o *proxyOptions) { o.profile = "stripe" }, wantUp: up},
 		{name: "wait zero", args: []string{"--upstream", up, "--wait", "0"}, want: func(*proxyOptions) {}, wantUp: up},
 		{name: "postgres store", args: []string{"--upstream", up, "--store", "postgres://u:p@db/idem"},
 			want: func(o *proxyOptions) { o.store = "postgres://u:p@db/idem" }, wantUp: up},
@@ -95,6 +120,12 @@ func TestParseProxy(t *testing.T) {
 		{name: "scope header bad", args: []string{"--upstream", up, "--scope-header", "X Tenant"}, wantErr: "is not a header name"},
 		{name: "max body zero", args: []string{"--upstream", up, "--max-body", "0"}, wantErr: "want a positive number of bytes"},
 		{name: "max response with unit", args: []string{"--upstream", up, "--max-response", "1MiB"}, wantErr: "want a positive number of bytes"},
+		{name: "body timeout zero", args: []string{"--upstream", up, "--body-timeout", "0"}, wantErr: "want a positive duration"},
+		{name: "min key length negative", args: []string{"--upstream", up, "--min-key-length=-1"}, wantErr: "want a number, 0 or more"},
+		{name: "in progress not a number", args: []string{"--upstream", up, "--max-in-progress-per-scope", "many"}, wantErr: "want a number, 0 or more"},
+		{name: "key rate negative", args: []string{"--upstream", up, "--new-keys-per-second-per-scope=-1"}, wantErr: "want a number, 0 or more"},
+		{name: "key rate infinite", args: []string{"--upstream", up, "--new-keys-per-second-per-scope", "Inf"}, wantErr: "want a number, 0 or more"},
+		{name: "problem base relative", args: []string{"--upstream", up, "--problem-base-uri", "/problems/"}, wantErr: "want a URI with a scheme"},
 		{name: "store unknown", args: []string{"--upstream", up, "--store", "./idem.db"}, wantErr: "want sqlite:PATH, memory:"},
 
 		// Every variable is read, and an invalid value names it.
@@ -155,6 +186,16 @@ func TestProxyConfig(t *testing.T) {
 		cfg.Logger != e.logger || cfg.Scope == nil {
 		t.Errorf("config = %+v, does not carry the options", cfg)
 	}
+	o, err = parseProxy([]string{"--upstream", "http://u", "--body-timeout", "3s", "--min-key-length", "12", "--max-in-progress-per-scope", "4",
+		"--new-keys-per-second-per-scope", "2.5", "--async", "--problem-base-uri", "urn:p:"}, e.env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = o.config(e.env)
+	if cfg.BodyTimeout != 3*time.Second || cfg.MinKeyLength != 12 || cfg.MaxInProgressPerScope != 4 || cfg.NewKeysPerSecondPerScope != 2.5 ||
+		!cfg.Async || cfg.ProblemBaseURI != "urn:p:" {
+		t.Errorf("config = %+v, does not carry the safeguards", cfg)
+	}
 	if o, _ := parseProxy([]string{"--upstream", "http://u"}, e.env); o.config(e.env).Scope != nil {
 		t.Error("Scope is set without --scope-header; want the middleware's single empty scope")
 	}
@@ -170,7 +211,10 @@ func TestScopeFromHeader(t *testing.T) {
 		wantErr bool
 	}{
 		{"one value", []string{"Bearer t-1"}, hash("Bearer t-1"), false},
-		{"empty value", []string{""}, hash(""), false},
+		{"empty value", []string{""}, "", true},
+		{"blank value", []string{" \t "}, "", true},
+		{"blank field lines", []string{"", " "}, "", true},
+		{"padded value", []string{" acme "}, hash(" acme "), false},
 		{"field lines combined", []string{"tenant-1", "tenant-2"}, hash("tenant-1, tenant-2"), false},
 		{"missing", nil, "", true},
 	}
@@ -189,6 +233,35 @@ func TestScopeFromHeader(t *testing.T) {
 				t.Errorf("%s: scope %q contains the header's value", tt.name, got)
 			}
 		}
+	}
+}
+
+// A scope header sent empty or blank is a missing one: 401, upstream not
+// called, rather than one key space shared by every client that sends it so.
+func TestProxyBlankScopeHeaderIsUnauthorized(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	base, _, _ := startProxy(t, "--upstream", up.URL, "--store", "memory:", "--scope-header", "X-Api-Key")
+	for _, v := range []string{"", " ", "\t"} {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "k")
+		req.Header["X-Api-Key"] = []string{v}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("X-Api-Key %q: answer %d %s, want 401 problem+json", v, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("upstream called %d times, want 0", n)
 	}
 }
 

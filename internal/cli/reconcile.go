@@ -122,6 +122,9 @@ func (v *headerLines) String() string {
 	return "(set)"
 }
 
+// hidden keeps the value out of every parse error (hiddenValue).
+func (*headerLines) hidden() {}
+
 func (v *headerLines) Set(s string) error {
 	for line := range strings.Lines(s) {
 		line = strings.TrimRight(line, "\r\n")

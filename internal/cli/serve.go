@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/idem-dev/idem"
 )
 
 // serve serves h on ln until ctx ends, then stops accepting, waits up to
@@ -16,10 +19,31 @@ import (
 // The caller closes its store after serve returns: no handler runs then,
 // unless the drain ran out of time.
 func serve(ctx context.Context, e *env, ln net.Listener, h http.Handler) error {
+	return serveWith(ctx, e, ln, h, idem.DefaultBodyTimeout)
+}
+
+// Server limits of every serving command.
+const (
+	// readHeaderTimeout bounds the request line and headers.
+	readHeaderTimeout = 10 * time.Second
+	// idleTimeout closes a keep-alive connection left idle.
+	idleTimeout = 2 * time.Minute
+	// maxHeaderBytes bounds the request line and headers (net/http's
+	// default is 1 MiB).
+	maxHeaderBytes = 64 << 10
+)
+
+// serveWith is serve with a bound on how long a request body may take to
+// arrive, counted from the end of its headers. There is no ReadTimeout (it
+// would also start counting during the handler: net/http then cancels the
+// request's context) and no WriteTimeout (an upstream may take its own
+// timeout to answer, and a large answer its time to stream).
+func serveWith(ctx context.Context, e *env, ln net.Listener, h http.Handler, bodyTimeout time.Duration) error {
 	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           bodyDeadline(h, bodyTimeout),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(e.logger.Handler(), slog.LevelWarn),
 	}
 	if e.listening != nil {
@@ -44,4 +68,40 @@ func serve(ctx context.Context, e *env, ln net.Listener, h http.Handler) error {
 	}
 	e.logger.Info("stopped")
 	return nil
+}
+
+// bodyDeadline bounds the arrival of every request body to d: a read
+// deadline on the connection from the start of the request, lifted when the
+// body has been read to its end. The idem middleware sets its own (the same
+// bound) and answers 408; for a request it does not protect, a body still
+// arriving at the deadline fails to read, and the connection is closed.
+func bodyDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody && d > 0 {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+				r.Body = &liftOnEOF{ReadCloser: r.Body, rc: rc}
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// liftOnEOF lifts the connection's read deadline when the body ends, so that
+// it does not outlast the body (net/http reads the connection in the
+// background during the handler, and a deadline there would cancel the
+// request's context).
+type liftOnEOF struct {
+	io.ReadCloser
+	rc     *http.ResponseController
+	lifted bool
+}
+
+func (b *liftOnEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.lifted {
+		b.lifted = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }

@@ -162,14 +162,13 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next = c.safeNext(r.PostForm.Get("next"))
-	if !c.loginAllowed() {
-		w.Header().Set("Retry-After", "60")
+	if ok, retry := c.failures.allowed(clientAddr(r.RemoteAddr), c.cfg.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retry))
 		c.renderLogin(w, r, http.StatusTooManyRequests, next, "Too many failed logins: wait a minute.")
 		return
 	}
 	if !c.keys.checkToken(r.PostForm.Get("token")) {
-		c.loginFailed()
-		c.cfg.Logger.Warn("idem console: login failed", slog.String("remote_addr", r.RemoteAddr))
+		c.authFailed(r, "form")
 		c.unauthorizedLogin(w, r, next, "Wrong token.")
 		return
 	}
@@ -205,23 +204,13 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
 }
 
-// loginAllowed reports whether the failed logins of the current minute are
-// under the limit.
-func (c *console) loginAllowed() bool {
-	c.loginMu.Lock()
-	defer c.loginMu.Unlock()
-	now := c.cfg.Now()
-	if now.Sub(c.loginWindow) >= time.Minute || now.Before(c.loginWindow) {
-		c.loginWindow, c.loginFailures = now, 0
-	}
-	return c.loginFailures < c.cfg.MaxLoginFailures
-}
-
-// loginFailed counts a failed login in the current minute.
-func (c *console) loginFailed() {
-	c.loginMu.Lock()
-	defer c.loginMu.Unlock()
-	c.loginFailures++
+// authFailed counts a failed authentication against the client's address
+// and logs it, without the token tried. how is "form" or "bearer".
+func (c *console) authFailed(r *http.Request, how string) {
+	addr := clientAddr(r.RemoteAddr)
+	n := c.failures.failed(addr, c.cfg.Now())
+	c.cfg.Logger.Warn("idem console: authentication failed", slog.String("method", how),
+		slog.String("remote_addr", r.RemoteAddr), slog.Int("failures_this_minute", n))
 }
 
 // safeNext returns next when it is a path inside the console, and the

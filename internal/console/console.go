@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -76,8 +76,11 @@ type Config struct {
 	CountLimit int
 	// PageSize is the number of rows per page of the lists. Defaults to 50.
 	PageSize int
-	// MaxLoginFailures bounds the failed logins per minute; beyond it the
-	// login answers 429 until the minute is over. Defaults to 10.
+	// MaxLoginFailures bounds the failed authentications (form logins and
+	// wrong Authorization: Bearer tokens) per client address and per minute;
+	// beyond it that address gets 429 until its minute is over, even with
+	// the right token. Other addresses are not affected. Behind a reverse
+	// proxy every client shares the proxy's address. Defaults to 10.
 	MaxLoginFailures int
 	// Now is the clock (session expiry, ages). Defaults to time.Now.
 	Now func() time.Time
@@ -126,9 +129,7 @@ type console struct {
 	mux   *http.ServeMux
 	rates rateTracker
 
-	loginMu       sync.Mutex
-	loginWindow   time.Time
-	loginFailures int
+	failures failureLimiter // failed logins and bearer tokens per client address
 }
 
 // New returns the console's handler, to be mounted at cfg.Prefix+"/" (by
@@ -144,6 +145,7 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, errors.New("console: a store is required")
 	}
 	c := &console{cfg: cfg.withDefaults(), keys: deriveKeys(cfg.Token)}
+	c.failures.max = c.cfg.MaxLoginFailures
 	c.cop = http.NewCrossOriginProtection()
 	for _, o := range c.cfg.TrustedOrigins {
 		if err := c.cop.AddTrustedOrigin(o); err != nil {
@@ -180,8 +182,20 @@ func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.login(w, r)
 		return
 	}
+	bearer := r.Header.Get("Authorization") != ""
+	if bearer {
+		// A bearer token is a guess like a form login, under the same limit.
+		if ok, retry := c.failures.allowed(clientAddr(r.RemoteAddr), c.cfg.Now()); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(retry))
+			c.renderError(w, r, http.StatusTooManyRequests, "Too many requests", "Too many failed authentications: wait a minute.")
+			return
+		}
+	}
 	sess, ok := c.authenticate(r)
 	if !ok {
+		if bearer {
+			c.authFailed(r, "bearer")
+		}
 		c.unauthorized(w, r, "")
 		return
 	}

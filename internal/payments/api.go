@@ -22,8 +22,9 @@ const (
 	maxPageSize     = 100
 )
 
-// problemTypeBase prefixes the problem codes, as the middleware's default.
-const problemTypeBase = "https://idem.dev/problems/"
+// problemTypeBase prefixes the problem codes, as the middleware's default:
+// each leads to the README's row for it.
+const problemTypeBase = idem.DefaultProblemBaseURI
 
 // routes builds the API:
 //
@@ -48,6 +49,11 @@ func (s *Service) routes() http.Handler {
 		Logger:  s.log,
 		Now:     s.cfg.Now,
 		Keyring: s.cfg.Keyring,
+
+		BodyTimeout:              s.cfg.BodyTimeout,
+		MinKeyLength:             s.cfg.MinKeyLength,
+		MaxInProgressPerScope:    s.cfg.MaxInProgressPerScope,
+		NewKeysPerSecondPerScope: s.cfg.NewKeysPerSecondPerScope,
 	})
 	api := http.NewServeMux()
 	api.Handle("POST /v1/payments", s.afterCommit(protect(http.HandlerFunc(s.create))))

@@ -127,6 +127,14 @@ type Config struct {
 	// kill its own process with SIGKILL at that point, for crash tests.
 	// Defaults to nil.
 	Crash func(CrashPoint)
+	// BodyTimeout, MinKeyLength, MaxInProgressPerScope and
+	// NewKeysPerSecondPerScope are those of the idem middleware protecting
+	// POST /v1/payments (idem.Config); the scope is the tenant. Zero means
+	// the middleware's default.
+	BodyTimeout              time.Duration
+	MinKeyLength             int
+	MaxInProgressPerScope    int
+	NewKeysPerSecondPerScope float64
 	// Metrics receives the idem middleware's decisions and store latencies
 	// (idemprom). Defaults to none.
 	Metrics idem.Metrics

@@ -163,7 +163,7 @@ func (a *answer) problemCode(t *testing.T) string {
 	if err := json.Unmarshal(a.body, &p); err != nil {
 		t.Fatalf("decoding the problem: %v; body %s", err, a.body)
 	}
-	if p.Status != a.status || !strings.HasSuffix(p.Type, "/"+p.Code) {
+	if p.Status != a.status || p.Type != problemTypeBase+p.Code {
 		t.Errorf("problem %s does not match its status %d", a.body, a.status)
 	}
 	return p.Code

@@ -357,7 +357,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeProblem answers an RFC 9457 problem.
 func writeProblem(w http.ResponseWriter, status int, code, detail string) {
 	b, _ := json.Marshal(map[string]any{
-		"type":   "https://idem.dev/problems/provider/" + code,
+		"type":   idem.DefaultProblemBaseURI + "provider-" + code,
 		"title":  http.StatusText(status),
 		"status": status,
 		"detail": detail,

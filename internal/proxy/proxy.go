@@ -29,12 +29,13 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redact"
 )
 
 // Default settings of Config.
 const (
 	DefaultTimeout         = 60 * time.Second
-	DefaultProblemTypeBase = "https://idem.dev/problems/"
+	DefaultProblemTypeBase = idem.DefaultProblemBaseURI
 )
 
 // Problem codes of the answers the proxy makes itself.
@@ -164,7 +165,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	h.cfg.Logger.LogAttrs(r.Context(), slog.LevelWarn, "upstream request failed",
 		slog.String("method", r.Method),
-		slog.String("upstream", h.upstream.Redacted()),
+		slog.String("upstream", redact.URL(h.upstream.String())),
 		slog.Bool("maybe_sent", sent),
 		slog.Int("status", status),
 		slog.String("error", err.Error()),

@@ -33,6 +33,7 @@ import (
 	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/redact"
 )
 
 // Default is the store used when none is named.
@@ -130,7 +131,7 @@ func ParseSQLite(rawURL string) (path string, cfg idemsqlite.Config, err error) 
 		// sqlite:///abs/path: a URL with an empty host.
 		u, err := url.Parse("sqlite:" + path)
 		if err != nil || u.Host != "" {
-			return "", cfg, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", rawURL)
+			return "", cfg, fmt.Errorf("store %q: want sqlite:PATH or sqlite:///ABSOLUTE/PATH", Redact(rawURL))
 		}
 		path = u.Path
 	}
@@ -161,7 +162,10 @@ func ParsePostgres(rawURL string) (*pgxpool.Config, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
 	}
-	q := u.Query()
+	q, err := parseQuery(u.RawQuery)
+	if err != nil {
+		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
 	schema := q.Get("schema")
 	q.Del("schema")
 	u.RawQuery = q.Encode()
@@ -258,7 +262,10 @@ func openRedis(ctx context.Context, rawURL string) (idemstore.Store, func() erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
 	}
-	q := u.Query()
+	q, err := parseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
 	cfg := &idemredis.Config{Prefix: q.Get("prefix")}
 	q.Del("prefix")
 	u.RawQuery = q.Encode()
@@ -277,27 +284,25 @@ func openRedis(ctx context.Context, rawURL string) (idemstore.Store, func() erro
 	return idemredis.New(client, cfg), client.Close, nil
 }
 
-// secretParams are query parameters whose values Redact hides.
-var secretParams = []string{"password", "sslpassword"}
-
-// Redact returns rawURL fit for a log: the password of the user information
-// and of the query (password, sslpassword) replaced by "xxxxx". A string
-// that is not a URL with a scheme (a key=value connection string, say) is
-// not shown at all.
-func Redact(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme == "" {
-		return "<redacted>"
+// parseQuery parses a store URL's query, refusing what it cannot parse
+// rather than dropping it: url.URL.Query would drop "sslmode=verify-full;"
+// (a ';' is no separator) and connect without verifying the certificate.
+// The error names the part, its secret values masked.
+func parseQuery(rawQuery string) (url.Values, error) {
+	q, err := url.ParseQuery(rawQuery)
+	if err == nil {
+		return q, nil
 	}
-	if u.Opaque != "" || u.RawQuery == "" {
-		return u.Redacted()
-	}
-	q := u.Query()
-	for _, name := range secretParams {
-		if q.Has(name) {
-			q.Set(name, "xxxxx")
+	for part := range strings.SplitSeq(rawQuery, "&") {
+		if _, perr := url.ParseQuery(part); perr != nil {
+			return nil, fmt.Errorf("the query part %q does not parse: %w", strings.TrimPrefix(Redact("?"+part), "?"), perr)
 		}
 	}
-	u.RawQuery = q.Encode()
-	return u.Redacted()
+	return nil, fmt.Errorf("the query does not parse: %w", err)
 }
+
+// Redact returns rawURL fit for a log or an error, whatever its scheme or
+// shape: the password of the user information, the values of secret query
+// parameters and of a key=value connection string's password are masked
+// (see redact.URL, which it is).
+func Redact(rawURL string) string { return redact.URL(rawURL) }

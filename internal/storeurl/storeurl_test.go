@@ -50,8 +50,9 @@ func TestRedact(t *testing.T) {
 		{"postgres://app@db/idem?password=s3cret&sslpassword=k3y", "postgres://app@db/idem?password=xxxxx&sslpassword=xxxxx"},
 		{"redis://:s3cret@cache:6379/0", "redis://:xxxxx@cache:6379/0"},
 		{"http://user:s3cret@upstream:9000/base", "http://user:xxxxx@upstream:9000/base"},
-		{"host=db password=s3cret", "<redacted>"},
-		{"postgres://app:s3cret@db:badport\x7f/idem", "<redacted>"},
+		{"host=db password=s3cret", "host=db password=xxxxx"},
+		{"postgres://app:s3cret@db:badport\x7f/idem", "postgres://app:xxxxx@db:badport\x7f/idem"},
+		{"postgress://app:s3cret@db/idem", "postgress://app:xxxxx@db/idem"},
 	}
 	for _, tt := range tests {
 		got := Redact(tt.url)
