@@ -83,16 +83,22 @@ func TestOpCtxDeadlines(t *testing.T) {
 	for i := range ctxs {
 		c := &ctxs[i]
 		timeout := time.Duration(20+i%7*15) * time.Millisecond
+		if i%2 == 1 {
+			// Disarmed at once, well before its deadline, even on a
+			// loaded machine: it must not expire.
+			timeout += 200 * time.Millisecond
+		}
 		ctx := c.arm(context.Background(), timeout)
+		if i%2 == 1 {
+			c.disarm()
+		}
 		child, stop := context.WithCancel(ctx)
 		defer stop()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if i%2 == 1 {
-				// Disarmed well before its deadline: it must not expire.
 				done := ctx.Done()
-				c.disarm()
 				select {
 				case <-done:
 					t.Errorf("context %d closed after disarm", i)
