@@ -427,23 +427,48 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		if !panicked {
 			return
 		}
+		v := recover() // nil after runtime.Goexit
+		if v == http.ErrAbortHandler && rw.clientGone() {
+			// The client went away while the answer streamed to it and the
+			// handler gave up writing (as ReverseProxy does): the handler
+			// answered, so its answer decides the outcome. Not a panic.
+			endHandler(nil)
+			m.log.Info("idem: client went away during the answer", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "status", rw.finalStatus(), "error", rw.writeErr)
+			m.finished(w, r, a, rw)
+			panic(v) // net/http drops the connection without logging
+		}
 		endHandler(errHandlerPanicked)
+		what := "handler panicked"
+		if v == http.ErrAbortHandler {
+			// The handler aborted its answer with the client still there
+			// (ReverseProxy does when the upstream's body breaks off).
+			what = "handler aborted its answer"
+		}
 		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
 		if m.txStore != nil {
 			// The transaction rolls back: nothing happened.
 			a.rollback(r)
 			m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
-			m.log.Error("idem: handler panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
-			return
+			m.log.Error("idem: "+what+", transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+		} else {
+			m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+			m.log.Error("idem: "+what+", outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 		}
-		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
-		m.log.Error("idem: handler panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+		if v != nil {
+			panic(v)
+		}
 	}()
 	ctx, endHandler = m.span(ctx, "idem.handler")
 	next.ServeHTTP(rw, r.WithContext(ctx))
 	endHandler(nil)
 	panicked = false
 	stopRenew()
+	m.finished(w, r, a, rw)
+}
+
+// finished records the outcome of a handler that answered and sends a
+// buffered answer.
+func (m *middleware) finished(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder) {
 	if m.txStore != nil {
 		m.completeTx(w, r, a, rw)
 	} else {

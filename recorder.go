@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -28,6 +29,9 @@ type recorder struct {
 	hijacked bool
 	// sent reports that the status line went to the underlying writer.
 	sent bool
+	// writeErr is the first error the underlying writer returned: the
+	// client went away while the answer streamed to it.
+	writeErr error
 	// contentLength backs the Content-Length value finish sets.
 	contentLength [1]string
 }
@@ -53,13 +57,13 @@ func (r *recorder) Write(p []byte) (int, error) {
 		r.WriteHeader(http.StatusOK)
 	}
 	if r.streamed {
-		return r.w.Write(p)
+		return r.sawErr(r.w.Write(p))
 	}
 	if int64(len(r.buf)+len(p)) > r.max {
 		if err := r.stream(); err != nil {
 			return 0, err
 		}
-		return r.w.Write(p)
+		return r.sawErr(r.w.Write(p))
 	}
 	r.buf = append(r.buf, p...)
 	return len(p), nil
@@ -71,13 +75,13 @@ func (r *recorder) WriteString(s string) (int, error) {
 		r.WriteHeader(http.StatusOK)
 	}
 	if r.streamed {
-		return io.WriteString(r.w, s)
+		return r.sawErr(io.WriteString(r.w, s))
 	}
 	if int64(len(r.buf)+len(s)) > r.max {
 		if err := r.stream(); err != nil {
 			return 0, err
 		}
-		return io.WriteString(r.w, s)
+		return r.sawErr(io.WriteString(r.w, s))
 	}
 	r.buf = append(r.buf, s...)
 	return len(s), nil
@@ -95,11 +99,20 @@ func (r *recorder) stream() error {
 	r.sent = true
 	r.w.WriteHeader(r.status)
 	if len(r.buf) > 0 {
-		_, err := r.w.Write(r.buf)
+		_, err := r.sawErr(r.w.Write(r.buf))
 		r.buf = nil
 		return err
 	}
 	return nil
+}
+
+// sawErr passes on the result of a write to the underlying writer,
+// remembering its first error.
+func (r *recorder) sawErr(n int, err error) (int, error) {
+	if err != nil && r.writeErr == nil {
+		r.writeErr = err
+	}
+	return n, err
 }
 
 // Flush implements http.Flusher: the response is streamed from here on.
@@ -112,7 +125,11 @@ func (r *recorder) FlushError() error {
 	if err := r.stream(); err != nil {
 		return err
 	}
-	return http.NewResponseController(r.w).Flush()
+	err := http.NewResponseController(r.w).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		r.sawErr(0, err)
+	}
+	return err
 }
 
 // Hijack implements http.Hijacker. A hijacked response is never replayable.
@@ -125,6 +142,14 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		}
 	}
 	return conn, rw, err
+}
+
+// clientGone reports whether a write to the client failed because the
+// connection broke (not because the handler misused the writer).
+func (r *recorder) clientGone() bool {
+	err := r.writeErr
+	return err != nil && !errors.Is(err, http.ErrBodyNotAllowed) &&
+		!errors.Is(err, http.ErrContentLength) && !errors.Is(err, http.ErrHijacked)
 }
 
 // Unwrap returns the underlying writer for http.ResponseController.
