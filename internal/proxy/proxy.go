@@ -11,8 +11,11 @@
 // request never left). An exchange that fails after the request may have
 // reached the upstream (a timeout answers 504, a connection broken mid-way
 // 502) marks the key's outcome unknown with idem.MarkUnknown, since the
-// upstream may have acted; so does a body cut off mid-way, through the panic
-// http.ErrAbortHandler that ReverseProxy raises.
+// upstream may have acted; so does an upstream body cut off mid-way, through
+// the http.ErrAbortHandler that ReverseProxy raises. The same abort after a
+// client went away while the answer streamed to it is a hang-up: the
+// upstream answered, and the middleware records that answer (not replayable
+// when it streamed).
 package proxy
 
 import (
