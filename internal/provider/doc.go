@@ -11,7 +11,10 @@
 // true) and charges nothing. The ledger table, provider_charges, also holds
 // the key UNIQUE, a second line of defence that outlives the key's
 // retention. GET /charges?idempotency_key=KEY answers the charge or 404 for
-// reconciliation; GET /charges lists the ledger.
+// reconciliation; GET /charges lists the ledger, and GET
+// /charges?after=SEQ&limit=N pages through it in ledger order (each charge
+// carries its seq; limit 1 to 1000, default 100), so a client can resume
+// from a watermark.
 //
 // Faults, drawn per POST: a fail rate (503 before anything is charged), a
 // timeout rate (the charge commits, then the answer is withheld until the

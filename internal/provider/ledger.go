@@ -27,6 +27,10 @@ var postgresSQL string
 
 // Charge is one entry of the provider's ledger.
 type Charge struct {
+	// Seq is the charge's position in the ledger: it grows with every
+	// charge, so a client pages through the ledger with GET
+	// /charges?after=SEQ.
+	Seq            int64     `json:"seq"`
 	ID             string    `json:"id"`
 	IdempotencyKey string    `json:"idempotency_key"`
 	AmountCents    int64     `json:"amount_cents"`
@@ -46,12 +50,15 @@ type ledger interface {
 	byKey(ctx context.Context, key string) (*Charge, error)
 	byID(ctx context.Context, id string) (*Charge, error)
 	list(ctx context.Context) ([]Charge, error)
+	// page returns at most limit charges with a seq above after, in
+	// ledger order.
+	page(ctx context.Context, after int64, limit int) ([]Charge, error)
 	close() error
 }
 
 // ledgerQueries are one dialect's statements.
 type ledgerQueries struct {
-	create, insert, getByKey, getByID, list string
+	create, insert, getByKey, getByID, list, page string
 }
 
 // parseQueries reads the ledger's statements from src and fills in the
@@ -71,6 +78,7 @@ func parseQueries(src, schema string) ledgerQueries {
 		getByKey: q("get_by_key"),
 		getByID:  q("get_by_id"),
 		list:     q("list"),
+		page:     q("page"),
 	}
 }
 
@@ -144,9 +152,8 @@ func (l *sqliteLedger) insert(ctx context.Context, tx idemstore.Tx, c *Charge) (
 	if !ok {
 		return nil, fmt.Errorf("provider: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
 	}
-	var seq int64
 	err := stx.QueryRowContext(ctx, l.q.insert,
-		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt.UnixMicro()).Scan(&seq)
+		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt.UnixMicro()).Scan(&c.Seq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return scanSQLiteCharge(stx.QueryRowContext(ctx, l.q.getByKey, c.IdempotencyKey))
 	}
@@ -165,7 +172,15 @@ func (l *sqliteLedger) byID(ctx context.Context, id string) (*Charge, error) {
 }
 
 func (l *sqliteLedger) list(ctx context.Context) ([]Charge, error) {
-	rows, err := l.db.QueryContext(ctx, l.q.list)
+	return l.query(ctx, l.q.list)
+}
+
+func (l *sqliteLedger) page(ctx context.Context, after int64, limit int) ([]Charge, error) {
+	return l.query(ctx, l.q.page, after, limit)
+}
+
+func (l *sqliteLedger) query(ctx context.Context, query string, args ...any) ([]Charge, error) {
+	rows, err := l.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing charges: %w", err)
 	}
@@ -191,7 +206,7 @@ type scanner interface{ Scan(dest ...any) error }
 func scanSQLiteCharge(row scanner) (*Charge, error) {
 	var c Charge
 	var created int64
-	err := row.Scan(&c.ID, &c.IdempotencyKey, &c.AmountCents, &c.Currency, &c.Reference, &created)
+	err := row.Scan(&c.Seq, &c.ID, &c.IdempotencyKey, &c.AmountCents, &c.Currency, &c.Reference, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errNoCharge
 	}
@@ -214,9 +229,8 @@ func (l *pgxLedger) insert(ctx context.Context, tx idemstore.Tx, c *Charge) (*Ch
 	if !ok {
 		return nil, fmt.Errorf("provider: the request's transaction is a %T, not a pgx.Tx", tx.Driver())
 	}
-	var seq int64
 	err := ptx.QueryRow(ctx, l.q.insert,
-		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt).Scan(&seq)
+		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt).Scan(&c.Seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return scanPgxCharge(ptx.QueryRow(ctx, l.q.getByKey, c.IdempotencyKey))
 	}
@@ -235,7 +249,15 @@ func (l *pgxLedger) byID(ctx context.Context, id string) (*Charge, error) {
 }
 
 func (l *pgxLedger) list(ctx context.Context) ([]Charge, error) {
-	rows, err := l.pool.Query(ctx, l.q.list)
+	return l.query(ctx, l.q.list)
+}
+
+func (l *pgxLedger) page(ctx context.Context, after int64, limit int) ([]Charge, error) {
+	return l.query(ctx, l.q.page, after, limit)
+}
+
+func (l *pgxLedger) query(ctx context.Context, query string, args ...any) ([]Charge, error) {
+	rows, err := l.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing charges: %w", err)
 	}
@@ -263,7 +285,7 @@ func (l *pgxLedger) close() error {
 
 func scanPgxCharge(row pgx.Row) (*Charge, error) {
 	var c Charge
-	err := row.Scan(&c.ID, &c.IdempotencyKey, &c.AmountCents, &c.Currency, &c.Reference, &c.CreatedAt)
+	err := row.Scan(&c.Seq, &c.ID, &c.IdempotencyKey, &c.AmountCents, &c.Currency, &c.Reference, &c.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errNoCharge
 	}

@@ -12,6 +12,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +26,7 @@ import (
 //
 //	POST /charges                       create a charge (Idempotency-Key required)
 //	GET  /charges                       the whole ledger, a JSON array
+//	GET  /charges?after=SEQ&limit=N     a page of it: the charges after seq SEQ
 //	GET  /charges?idempotency_key=KEY   the charge made with KEY, or 404
 //	GET  /charges/{id}                  one charge, or 404
 //
@@ -236,13 +239,49 @@ func (p *Provider) listCharges(w http.ResponseWriter, r *http.Request) {
 		p.answerCharge(w, c, err)
 		return
 	}
-	charges, err := p.ledger.list(r.Context())
+	var charges []Charge
+	var err error
+	if q := r.URL.Query(); q.Has("after") || q.Has("limit") {
+		after, limit, perr := parsePage(q)
+		if perr != nil {
+			writeProblem(w, http.StatusBadRequest, "invalid-page", perr.Error())
+			return
+		}
+		charges, err = p.ledger.page(r.Context(), after, limit)
+	} else {
+		charges, err = p.ledger.list(r.Context())
+	}
 	if err != nil {
 		p.log.Error("provider: listing charges failed", "error", err)
 		writeProblem(w, http.StatusServiceUnavailable, "ledger-unavailable", "The ledger could not be read.")
 		return
 	}
 	writeJSON(w, http.StatusOK, charges)
+}
+
+// Paging of GET /charges: ?after=SEQ (default 0) and ?limit=N (1 to
+// MaxPage, default DefaultPage).
+const (
+	DefaultPage = 100
+	MaxPage     = 1000
+)
+
+// parsePage reads the after and limit parameters of a page of the ledger.
+func parsePage(q url.Values) (after int64, limit int, err error) {
+	limit = DefaultPage
+	if v := q.Get("after"); q.Has("after") {
+		after, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || after < 0 {
+			return 0, 0, errors.New("after must be a charge's seq, a whole number of at least 0")
+		}
+	}
+	if v := q.Get("limit"); q.Has("limit") {
+		limit, err = strconv.Atoi(v)
+		if err != nil || limit < 1 || limit > MaxPage {
+			return 0, 0, fmt.Errorf("limit must be a whole number from 1 to %d", MaxPage)
+		}
+	}
+	return after, limit, nil
 }
 
 func (p *Provider) getCharge(w http.ResponseWriter, r *http.Request) {

@@ -31,13 +31,18 @@ ON CONFLICT ON CONSTRAINT provider_charges_idempotency_key_key DO NOTHING
 RETURNING seq
 
 -- name: get_by_key
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM {{schema}}.provider_charges WHERE idempotency_key = $1::text
 
 -- name: get_by_id
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM {{schema}}.provider_charges WHERE id = $1::text
 
 -- name: list
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM {{schema}}.provider_charges ORDER BY seq
+
+-- name: page
+-- At most $2 charges with a seq above $1, in ledger order.
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
+FROM {{schema}}.provider_charges WHERE seq > $1::bigint ORDER BY seq LIMIT $2::integer

@@ -30,13 +30,18 @@ ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING seq
 
 -- name: get_by_key
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM provider_charges WHERE idempotency_key = ?1
 
 -- name: get_by_id
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM provider_charges WHERE id = ?1
 
 -- name: list
-SELECT id, idempotency_key, amount_cents, currency, reference, created_at
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
 FROM provider_charges ORDER BY seq
+
+-- name: page
+-- At most ?2 charges with a seq above ?1, in ledger order.
+SELECT seq, id, idempotency_key, amount_cents, currency, reference, created_at
+FROM provider_charges WHERE seq > ?1 ORDER BY seq LIMIT ?2
