@@ -26,6 +26,7 @@ const (
 	DefaultReconcileInterval = 10 * time.Second
 	DefaultSettleAfter       = time.Minute
 	DefaultReconcileBatch    = 100
+	DefaultLedgerGrace       = time.Minute
 	DefaultKeyTTL            = 24 * time.Hour
 )
 
@@ -118,9 +119,16 @@ type Config struct {
 	// fails the payment: longer than any request can stay in flight at the
 	// provider. Defaults to 1 minute.
 	SettleAfter time.Duration
-	// ReconcileBatch bounds the payments one reconciliation pass looks at.
-	// Defaults to 100.
+	// ReconcileBatch bounds the payments one reconciliation pass looks at,
+	// and the page of the provider's ledger the ledger reconciliation reads
+	// (at most 1000). Defaults to 100.
 	ReconcileBatch int
+	// LedgerGrace is how long the ledger reconciliation (ReconcileLedgerOnce)
+	// keeps looking at a charge before its watermark passes it: a charge
+	// with a lower seq may still be committing at the provider, and the
+	// clocks of the service and the provider may differ. Defaults to 1
+	// minute.
+	LedgerGrace time.Duration
 
 	// Crash, when set, is called at each CrashPoint the service passes.
 	// TESTING HOOK: the idem command sets it from IDEM_PAYMENTS_CRASH_AT to
@@ -196,6 +204,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if cfg.ReconcileBatch <= 0 {
 		cfg.ReconcileBatch = DefaultReconcileBatch
+	}
+	if cfg.LedgerGrace <= 0 {
+		cfg.LedgerGrace = DefaultLedgerGrace
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -140,6 +140,8 @@ type queries struct {
 	markSucceeded, markFailed, markUnknown, deferRecheck string
 	unsettled                                            string
 	settingGet, settingAdd, anyPayment                   string
+	// The provider-side reconciliation (ledger.go).
+	ledgerWatermark, ledgerAdvance, ledgerReport, ledgerList, ledgerCounts string
 }
 
 // newQueries picks the service's statements out of one dialect's and puts
@@ -166,6 +168,12 @@ func newQueries(statements map[string]string, schema string) queries {
 		settingGet:    q("setting_get"),
 		settingAdd:    q("setting_add"),
 		anyPayment:    q("any_payment"),
+
+		ledgerWatermark: q("ledger_watermark"),
+		ledgerAdvance:   q("ledger_advance"),
+		ledgerReport:    q("ledger_report"),
+		ledgerList:      q("ledger_list"),
+		ledgerCounts:    q("ledger_counts"),
 	}
 }
 
@@ -216,6 +224,8 @@ type repo interface {
 	// unsettled returns at most limit payments the reconciler should look
 	// at now.
 	unsettled(ctx context.Context, now time.Time, limit int) ([]*unsettledPayment, error)
+	// ledgerRepo is the provider-side reconciliation's state (ledger.go).
+	ledgerRepo
 }
 
 // sqliteRepo is the payments table on SQLite; times are unix microseconds.

@@ -213,7 +213,7 @@ func (s *Service) now() time.Time {
 	return time.UnixMicro(s.cfg.Now().UnixMicro()).UTC()
 }
 
-// reconcileLoop runs ReconcileOnce and PruneOnce every ReconcileInterval
+// reconcileLoop runs ReconcileOnce, ReconcileLedgerOnce and PruneOnce every ReconcileInterval
 // until Stop.
 func (s *Service) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
@@ -229,6 +229,9 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, 3*s.cfg.DeliverTimeout)
 		if _, err := s.ReconcileOnce(pctx); err != nil {
 			s.log.Error("payments: reconciliation pass failed", "error", err)
+		}
+		if _, err := s.ReconcileLedgerOnce(pctx); err != nil {
+			s.log.Error("payments: ledger reconciliation pass failed", "error", err)
 		}
 		if _, err := s.PruneOnce(pctx); err != nil {
 			s.log.Error("payments: pruning delivered outbox rows failed", "error", err)

@@ -70,3 +70,33 @@ ON CONFLICT (name) DO NOTHING
 
 -- name: any_payment
 SELECT EXISTS (SELECT 1 FROM {{schema}}payments)
+
+-- name: ledger_watermark
+-- The seq up to which the provider's ledger was checked; no row means 0.
+SELECT seq FROM {{schema}}payments_ledger_watermark WHERE id = 1
+
+-- name: ledger_advance
+-- Moves the watermark to $1, never back (several processes may run passes).
+INSERT INTO {{schema}}payments_ledger_watermark AS w (id, seq, updated_at) VALUES (1, $1, $2)
+ON CONFLICT ON CONSTRAINT payments_ledger_watermark_pkey
+DO UPDATE SET seq = excluded.seq, updated_at = excluded.updated_at
+WHERE w.seq < excluded.seq
+
+-- name: ledger_report
+-- Keeps a discrepancy once per charge; no row is returned when it was known.
+INSERT INTO {{schema}}payments_ledger_discrepancies (charge_id, charge_seq, kind, reference, payment_id,
+    tenant, amount_cents, currency, charged_at, found_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT ON CONSTRAINT payments_ledger_discrepancies_pkey DO NOTHING
+RETURNING charge_id
+
+-- name: ledger_list
+-- At most $2 discrepancies with a charge seq below $1, newest charge first.
+SELECT d.charge_id, d.charge_seq, d.kind, d.reference, d.payment_id, d.tenant, d.amount_cents,
+       d.currency, d.charged_at, d.found_at, p.status
+FROM {{schema}}payments_ledger_discrepancies d LEFT JOIN {{schema}}payments p ON p.id = d.payment_id
+WHERE d.charge_seq < $1
+ORDER BY d.charge_seq DESC LIMIT $2
+
+-- name: ledger_counts
+SELECT kind, COUNT(*) FROM {{schema}}payments_ledger_discrepancies GROUP BY kind

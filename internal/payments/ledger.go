@@ -1,0 +1,423 @@
+package payments
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Reconciliation both ways. ReconcileOnce asks the provider about the
+// payments the service knows; ReconcileLedgerOnce reads the provider's
+// ledger and asks the service about each charge, by its reference (the
+// payment's id), to find what the first direction cannot see:
+//
+//   - a charge with no payment (DiscrepancyNoPayment): money taken for
+//     nothing the service knows of;
+//   - a charge whose payment failed (DiscrepancyPaymentFailed): money taken,
+//     customer told no.
+//
+// Each is kept once per charge in payments_ledger_discrepancies, logged
+// when first found, counted (LedgerDiscrepancyCounts, the metric
+// idem_payments_ledger_discrepancies{kind}) and listed in the console. The
+// ledger is read in pages (GET /charges?after=SEQ&limit=N) from a
+// watermark kept in the database, so a restarted or another process goes
+// on where the last pass stopped. The watermark never passes a charge that
+// could still change its verdict: one whose payment is not settled yet
+// (pending or requires_reconciliation; the first direction settles it), or
+// one younger than Config.LedgerGrace (a charge with a lower seq may still
+// be committing at the provider). Those are looked at again on the next
+// pass.
+
+// The kinds of LedgerDiscrepancy.
+const (
+	DiscrepancyNoPayment     = "no_payment"
+	DiscrepancyPaymentFailed = "payment_failed"
+)
+
+// DiscrepancyKinds lists every discrepancy kind.
+var DiscrepancyKinds = []string{DiscrepancyNoPayment, DiscrepancyPaymentFailed}
+
+// LedgerDiscrepancy is a charge of the provider's ledger that matches no
+// succeeded payment.
+type LedgerDiscrepancy struct {
+	ChargeID  string
+	ChargeSeq int64
+	// Kind is DiscrepancyNoPayment or DiscrepancyPaymentFailed.
+	Kind string
+	// Reference is the charge's reference, the payment's id when the
+	// service made the charge.
+	Reference string
+	// PaymentID and Tenant name the failed payment; empty for no_payment.
+	PaymentID, Tenant string
+	// PaymentStatus is the payment's status now (it may have changed since);
+	// empty when there is no payment.
+	PaymentStatus Status
+	AmountCents   int64
+	Currency      string
+	ChargedAt     time.Time
+	FoundAt       time.Time
+}
+
+// LedgerResult counts what one pass of ReconcileLedgerOnce did.
+type LedgerResult struct {
+	// Checked is the number of charges read.
+	Checked int
+	// Reported counts the discrepancies found for the first time.
+	Reported int
+	// Held counts the charges looked at again on the next pass: their
+	// payment is not settled yet, or they are younger than LedgerGrace.
+	Held int
+	// Watermark is the seq up to which the ledger is checked, after the
+	// pass.
+	Watermark int64
+}
+
+// maxLedgerPages bounds the pages of the ledger one pass reads.
+const maxLedgerPages = 10
+
+// ledgerRepo keeps the provider-side reconciliation's state.
+type ledgerRepo interface {
+	// ledgerWatermark returns the seq up to which the ledger was checked.
+	ledgerWatermark(ctx context.Context) (int64, error)
+	// ledgerAdvance moves the watermark to seq, never back.
+	ledgerAdvance(ctx context.Context, seq int64, now time.Time) error
+	// ledgerReport keeps d unless its charge is known; it reports whether
+	// d is new.
+	ledgerReport(ctx context.Context, d *LedgerDiscrepancy) (bool, error)
+	// ledgerList returns at most limit discrepancies with a charge seq
+	// below before, newest charge first.
+	ledgerList(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error)
+	// ledgerCounts returns the number of discrepancies of each kind.
+	ledgerCounts(ctx context.Context) (map[string]int, error)
+}
+
+// ReconcileLedgerOnce runs one pass of the provider-side reconciliation:
+// it pages through the provider's charges after the watermark, reports
+// every charge with no payment or with a failed payment, and moves the
+// watermark past the charges whose verdict is final. The reconciler's loop
+// runs it after ReconcileOnce.
+func (s *Service) ReconcileLedgerOnce(ctx context.Context) (LedgerResult, error) {
+	var res LedgerResult
+	w, err := s.db.repo.ledgerWatermark(ctx)
+	if err != nil {
+		return res, fmt.Errorf("reading the ledger watermark: %w", err)
+	}
+	res.Watermark = w
+	now := s.now()
+	limit := min(s.cfg.ReconcileBatch, maxLedgerPage)
+	after, advance, next := w, true, w
+	// The writes run to their end even when the pass is cancelled.
+	wctx := context.WithoutCancel(ctx)
+	for range maxLedgerPages {
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.DeliverTimeout)
+		charges, err := s.provider.page(pctx, after, limit)
+		cancel()
+		if err != nil {
+			return res, s.ledgerAdvance(wctx, &res, next, now, fmt.Errorf("reading the provider's ledger after %d: %w", after, err))
+		}
+		for _, ch := range charges {
+			res.Checked++
+			hold, err := s.checkCharge(wctx, &res, ch, now)
+			if err != nil {
+				return res, s.ledgerAdvance(wctx, &res, next, now, err)
+			}
+			if hold {
+				res.Held++
+				advance = false
+			}
+			if advance {
+				next = ch.Seq
+			}
+		}
+		if len(charges) < limit {
+			break
+		}
+		after = charges[len(charges)-1].Seq
+	}
+	return res, s.ledgerAdvance(wctx, &res, next, now, nil)
+}
+
+// checkCharge compares one charge with its payment and reports a
+// discrepancy. It returns true when the charge must be looked at again.
+func (s *Service) checkCharge(ctx context.Context, res *LedgerResult, ch *ledgerCharge, now time.Time) (hold bool, err error) {
+	d := &LedgerDiscrepancy{
+		ChargeID: ch.ID, ChargeSeq: ch.Seq, Reference: ch.Reference,
+		AmountCents: ch.AmountCents, Currency: ch.Currency, ChargedAt: ch.CreatedAt.UTC(), FoundAt: now,
+	}
+	p, err := s.db.repo.byID(ctx, ch.Reference)
+	switch {
+	case errors.Is(err, errNotFound):
+		d.Kind = DiscrepancyNoPayment
+	case err != nil:
+		return false, fmt.Errorf("looking up the payment of charge %s: %w", ch.ID, err)
+	case p.Status == StatusFailed:
+		d.Kind = DiscrepancyPaymentFailed
+		d.PaymentID, d.Tenant, d.PaymentStatus = p.ID, p.tenant, p.Status
+	case p.Status != StatusSucceeded:
+		hold = true // the other direction settles it; look again
+	}
+	if now.Sub(d.ChargedAt) < s.cfg.LedgerGrace {
+		hold = true
+	}
+	if d.Kind == "" {
+		return hold, nil
+	}
+	added, err := s.db.repo.ledgerReport(ctx, d)
+	if err != nil {
+		return false, fmt.Errorf("recording the discrepancy of charge %s: %w", ch.ID, err)
+	}
+	if added {
+		res.Reported++
+		attrs := []any{"kind", d.Kind, "charge_id", d.ChargeID, "charge_seq", d.ChargeSeq, "reference", d.Reference,
+			"amount_cents", d.AmountCents, "currency", d.Currency}
+		if d.Kind == DiscrepancyNoPayment {
+			s.log.Error("payments: ledger: the provider has a charge with no payment", attrs...)
+		} else {
+			s.log.Error("payments: ledger: the provider charged a failed payment (money taken, customer told no)",
+				append(attrs, "payment_id", d.PaymentID, "tenant", d.Tenant)...)
+		}
+	}
+	return hold, nil
+}
+
+// ledgerAdvance moves the watermark to next when it grew and returns
+// cause, joined with the error of the write.
+func (s *Service) ledgerAdvance(ctx context.Context, res *LedgerResult, next int64, now time.Time, cause error) error {
+	if next <= res.Watermark {
+		return cause
+	}
+	if err := s.db.repo.ledgerAdvance(ctx, next, now); err != nil {
+		return errors.Join(cause, fmt.Errorf("moving the ledger watermark: %w", err))
+	}
+	res.Watermark = next
+	return cause
+}
+
+// LedgerDiscrepancies returns at most limit discrepancies with a charge seq
+// below before (0: from the newest), newest charge first.
+func (s *Service) LedgerDiscrepancies(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error) {
+	if before <= 0 {
+		before = 1<<63 - 1
+	}
+	return s.db.repo.ledgerList(ctx, before, limit)
+}
+
+// LedgerDiscrepancyCounts returns the number of discrepancies of each kind
+// (every kind of DiscrepancyKinds is present).
+func (s *Service) LedgerDiscrepancyCounts(ctx context.Context) (map[string]int, error) {
+	counts, err := s.db.repo.ledgerCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range DiscrepancyKinds {
+		counts[k] += 0
+	}
+	return counts, nil
+}
+
+// LedgerWatermark returns the seq up to which the provider's ledger was
+// checked.
+func (s *Service) LedgerWatermark(ctx context.Context) (int64, error) {
+	return s.db.repo.ledgerWatermark(ctx)
+}
+
+// --- the provider's ledger ---
+
+// maxLedgerPage is the largest page the provider serves.
+const maxLedgerPage = 1000
+
+// ledgerCharge is a charge of the provider's ledger.
+type ledgerCharge struct {
+	Seq            int64     `json:"seq"`
+	ID             string    `json:"id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	AmountCents    int64     `json:"amount_cents"`
+	Currency       string    `json:"currency"`
+	Reference      string    `json:"reference"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// page reads at most limit charges after seq after. A page out of order,
+// or with a charge at or before after, is an error: it must not move the
+// watermark.
+func (c *providerClient) page(ctx context.Context, after int64, limit int) ([]*ledgerCharge, error) {
+	u := c.base + "/charges?after=" + strconv.FormatInt(after, 10) + "&limit=" + strconv.Itoa(limit)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errLookup, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, maxProviderAnswer))
+		return nil, fmt.Errorf("%w: it answered %s", errLookup, resp.Status)
+	}
+	var charges []*ledgerCharge
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16*maxProviderAnswer)).Decode(&charges); err != nil {
+		return nil, fmt.Errorf("%w: %w", errLookup, err)
+	}
+	if len(charges) > limit {
+		return nil, fmt.Errorf("%w: a page of %d charges, limit %d", errLookup, len(charges), limit)
+	}
+	prev := after
+	for _, ch := range charges {
+		if ch == nil || ch.ID == "" || ch.Seq <= prev {
+			return nil, fmt.Errorf("%w: the page is not in ledger order after %d", errLookup, after)
+		}
+		prev = ch.Seq
+	}
+	return charges, nil
+}
+
+// --- SQLite ---
+
+func (r *sqliteRepo) ledgerWatermark(ctx context.Context) (int64, error) {
+	var seq int64
+	err := r.db.QueryRowContext(ctx, r.q.ledgerWatermark).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return seq, err
+}
+
+func (r *sqliteRepo) ledgerAdvance(ctx context.Context, seq int64, now time.Time) error {
+	_, err := r.db.ExecContext(ctx, r.q.ledgerAdvance, seq, now.UnixMicro())
+	return err
+}
+
+func (r *sqliteRepo) ledgerReport(ctx context.Context, d *LedgerDiscrepancy) (bool, error) {
+	var id string
+	err := r.db.QueryRowContext(ctx, r.q.ledgerReport, d.ChargeID, d.ChargeSeq, d.Kind, d.Reference,
+		nullString(d.PaymentID), nullString(d.Tenant), d.AmountCents, d.Currency,
+		d.ChargedAt.UnixMicro(), d.FoundAt.UnixMicro()).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (r *sqliteRepo) ledgerList(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error) {
+	rows, err := r.db.QueryContext(ctx, r.q.ledgerList, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*LedgerDiscrepancy
+	for rows.Next() {
+		d := &LedgerDiscrepancy{}
+		var paymentID, tenant, status sql.NullString
+		var charged, found int64
+		if err := rows.Scan(&d.ChargeID, &d.ChargeSeq, &d.Kind, &d.Reference, &paymentID, &tenant,
+			&d.AmountCents, &d.Currency, &charged, &found, &status); err != nil {
+			return nil, err
+		}
+		d.PaymentID, d.Tenant, d.PaymentStatus = paymentID.String, tenant.String, Status(status.String)
+		d.ChargedAt, d.FoundAt = time.UnixMicro(charged).UTC(), time.UnixMicro(found).UTC()
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+func (r *sqliteRepo) ledgerCounts(ctx context.Context) (map[string]int, error) {
+	rows, err := r.db.QueryContext(ctx, r.q.ledgerCounts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	counts := make(map[string]int)
+	for rows.Next() {
+		var kind string
+		var n int
+		if err := rows.Scan(&kind, &n); err != nil {
+			return nil, err
+		}
+		counts[kind] = n
+	}
+	return counts, rows.Err()
+}
+
+func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
+
+// --- PostgreSQL ---
+
+func (r *pgxRepo) ledgerWatermark(ctx context.Context) (int64, error) {
+	var seq int64
+	err := r.pool.QueryRow(ctx, r.q.ledgerWatermark).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return seq, err
+}
+
+func (r *pgxRepo) ledgerAdvance(ctx context.Context, seq int64, now time.Time) error {
+	_, err := r.pool.Exec(ctx, r.q.ledgerAdvance, seq, now)
+	return err
+}
+
+func (r *pgxRepo) ledgerReport(ctx context.Context, d *LedgerDiscrepancy) (bool, error) {
+	var id string
+	err := r.pool.QueryRow(ctx, r.q.ledgerReport, d.ChargeID, d.ChargeSeq, d.Kind, d.Reference,
+		nullString(d.PaymentID), nullString(d.Tenant), d.AmountCents, d.Currency, d.ChargedAt, d.FoundAt).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (r *pgxRepo) ledgerList(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error) {
+	rows, err := r.pool.Query(ctx, r.q.ledgerList, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*LedgerDiscrepancy
+	for rows.Next() {
+		d := &LedgerDiscrepancy{}
+		var paymentID, tenant, status *string
+		if err := rows.Scan(&d.ChargeID, &d.ChargeSeq, &d.Kind, &d.Reference, &paymentID, &tenant,
+			&d.AmountCents, &d.Currency, &d.ChargedAt, &d.FoundAt, &status); err != nil {
+			return nil, err
+		}
+		if paymentID != nil {
+			d.PaymentID = *paymentID
+		}
+		if tenant != nil {
+			d.Tenant = *tenant
+		}
+		if status != nil {
+			d.PaymentStatus = Status(*status)
+		}
+		d.ChargedAt, d.FoundAt = d.ChargedAt.UTC(), d.FoundAt.UTC()
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+func (r *pgxRepo) ledgerCounts(ctx context.Context) (map[string]int, error) {
+	rows, err := r.pool.Query(ctx, r.q.ledgerCounts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	counts := make(map[string]int)
+	for rows.Next() {
+		var kind string
+		var n int
+		if err := rows.Scan(&kind, &n); err != nil {
+			return nil, err
+		}
+		counts[kind] = n
+	}
+	return counts, rows.Err()
+}
