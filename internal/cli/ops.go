@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/idemprom"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/console"
+	paysvc "github.com/idem-dev/idem/internal/payments"
 	"github.com/idem-dev/idem/internal/redact"
 	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
@@ -64,6 +65,8 @@ type opsParts struct {
 	// TenantLabel fills the tenant label of the decision metrics
 	// (idemprom.Config.TenantLabel).
 	TenantLabel bool
+	// Payments, when set, adds the ledger discrepancies (metric, console).
+	Payments *paysvc.Service
 }
 
 // ops holds the metrics the middleware reports to and the handler serving
@@ -88,6 +91,11 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 			return nil, err
 		}
 	}
+	if p.Payments != nil {
+		if err := reg.Register(ledgerCollector{p.Payments}); err != nil {
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	var sample func(context.Context)
@@ -105,6 +113,9 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 			cfg.Outbox = consoleOutbox{p.Outbox}
 		}
 		cfg.Trends = console.NewTrends()
+		if p.Payments != nil {
+			cfg.Ledger = consoleLedger{p.Payments}
+		}
 		h, err := console.New(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("console: %w", err)

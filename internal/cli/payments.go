@@ -290,7 +290,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		}
 	}()
 
-	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Logger: e.logger,
+	opsHandler, err := newOps(&o.ops, opsParts{Store: svc.Store(), Maintainer: svc.Maintainer(), Outbox: svc.Outbox(), Payments: svc, Logger: e.logger,
 		TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		return err

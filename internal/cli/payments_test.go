@@ -352,7 +352,7 @@ func TestParseProvider(t *testing.T) {
 func TestPaymentsOps(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(nil)
-	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--ops-listen", "127.0.0.1:0")...)
+	base, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--ops-listen", "127.0.0.1:0", "--reconcile-interval", "100ms")...)
 	m := regexp.MustCompile(`ops_addr=(\S+)`).FindStringSubmatch(e.stderr.String())
 	if m == nil {
 		t.Fatalf("no ops address logged: %s", e.stderr)
@@ -366,10 +366,45 @@ func TestPaymentsOps(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	metrics, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{`idem_decisions_total{decision="created",endpoint="POST /v1/payments"`, "idem_outbox"} {
+	for _, want := range []string{`idem_decisions_total{decision="created",endpoint="POST /v1/payments"`, "idem_outbox",
+		`idem_payments_ledger_discrepancies{kind="no_payment"} 0`, `idem_payments_ledger_discrepancies{kind="payment_failed"} 0`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+
+	// A charge at the provider that no payment made: the ledger
+	// reconciliation logs it and the metric counts it.
+	pm := regexp.MustCompile(`provider\s+(http://\S+)`).FindStringSubmatch(e.stdout.String())
+	if pm == nil {
+		t.Fatalf("no provider address in the banner: %s", e.stdout)
+	}
+	req, _ := http.NewRequest(http.MethodPost, pm[1]+"/charges", strings.NewReader(`{"amount_cents":700,"currency":"EUR","reference":"pay_ghost"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "ghost-charge")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("charging the provider: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + m[1] + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(metrics), `idem_payments_ledger_discrepancies{kind="no_payment"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ghost charge was not counted in 30s:\n%s", metrics)
+		}
+		time.Sleep(50 * time.Millisecond) // the reconciler runs every 100ms
+	}
+	if !strings.Contains(e.stderr.String(), "the provider has a charge with no payment") {
+		t.Errorf("the ghost charge was not logged: %s", e.stderr)
 	}
 	if code := stop(); code != ExitOK {
 		t.Errorf("exit %d; stderr %s", code, e.stderr)

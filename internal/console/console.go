@@ -47,6 +47,9 @@ type Config struct {
 	// Outbox, when set, enables the outbox pages. Defaults to nil: the pages
 	// say there is no outbox.
 	Outbox Outbox
+	// Ledger, when set, enables the page of the payments ledger's
+	// discrepancies. Defaults to nil: the page says there is no ledger.
+	Ledger Ledger
 	// Stats, when set, returns figures for the overview (the maintainer's
 	// unknown backlog, oldest in-progress lease, …). It is called once per
 	// overview. Defaults to nil.
@@ -166,6 +169,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST "+p+"/key/resolve", c.resolve)
 	mux.HandleFunc("GET "+p+"/outbox", c.outboxPage)
 	mux.HandleFunc("POST "+p+"/outbox/retry", c.outboxRetry)
+	mux.HandleFunc("GET "+p+"/ledger", c.ledgerPage)
 	mux.HandleFunc("POST "+p+"/logout", c.logout)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusNotFound, "Not found", "There is no such page in the console.")

@@ -90,7 +90,7 @@ var csp = func() string {
 var templates = func() map[string]*template.Template {
 	funcs := template.FuncMap{"css": func() template.CSS { return template.CSS(css) }}
 	m := make(map[string]*template.Template)
-	for _, name := range []string{"login", "error", "overview", "keys", "key", "outbox"} {
+	for _, name := range []string{"login", "error", "overview", "keys", "key", "outbox", "ledger"} {
 		m[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
 	return m
