@@ -52,6 +52,11 @@
 // reaches the provider's ledger (the provider also deduplicates on the key)
 // and every payment ends succeeded or failed.
 //
+// ReconcileLedgerOnce reconciles the other way, after each pass: it pages
+// through the provider's ledger (GET /charges?after=SEQ&limit=N) from a
+// watermark kept in the database and reports every charge with no payment
+// or whose payment failed (see ledger.go).
+//
 // # Storage
 //
 // One database holds the idem keys, the outbox and the payments; the
