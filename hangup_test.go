@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -38,7 +40,12 @@ type hangupBundle struct {
 
 func hangupSetup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *hangupBundle {
 	t.Helper()
-	b := &hangupBundle{store: idemmem.New(nil), logs: &syncBuffer{}, closed: make(chan struct{}, 100)}
+	return hangupSetupStore(t, idemmem.New(nil), cfg, h)
+}
+
+func hangupSetupStore(t *testing.T, store idemstore.Store, cfg *idem.Config, h http.HandlerFunc) *hangupBundle {
+	t.Helper()
+	b := &hangupBundle{store: store, logs: &syncBuffer{}, closed: make(chan struct{}, 100)}
 	var c idem.Config
 	if cfg != nil {
 		c = *cfg
@@ -450,4 +457,46 @@ func TestPanicAfterHangUpIsUnknown(t *testing.T) {
 	if !strings.Contains(b.logs.String(), "handler panicked, outcome unknown") {
 		t.Fatalf("the panic was not logged:\n%s", b.logs)
 	}
+}
+
+// In transactional mode a hang-up mid-answer commits what the handler
+// wrote: the key is completed (not replayable) with the business row,
+// never rolled back as an abort with the client present is.
+func TestHangUpDuringOversizeAnswerTransactional(t *testing.T) {
+	t.Parallel()
+	store, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if _, err := store.DB().Exec("CREATE TABLE payments (id INTEGER PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	b := hangupSetupStore(t, store, &idem.Config{Transactional: true, MaxResponse: 2048}, func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idemsqlite.TxFromContext(r.Context())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), "INSERT INTO payments DEFAULT VALUES"); err != nil {
+			t.Error(err)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		if writeUntilError(w) == nil {
+			t.Error("writes to a reset connection kept succeeding")
+		}
+		panic(http.ErrAbortHandler)
+	})
+	b.hangUpAfter(t, hangupRequest("k", "{}"), 16)
+	rec := b.settled(t, "k")
+	if rec == nil || rec.State != idemstore.StateCompleted || !rec.NotReplayable {
+		t.Fatalf("record = %+v, want completed and not replayable", rec)
+	}
+	var n int
+	if err := store.DB().QueryRow("SELECT count(*) FROM payments").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d payments (%v), want the handler's one committed", n, err)
+	}
+	b.requireNotReplayable(t, "k")
+	b.requireNoPanicLogged(t)
 }

@@ -218,3 +218,126 @@ func TestUpstreamCutOffMidBodyIsUnknown(t *testing.T) {
 		t.Fatalf("log:\n%s", logs)
 	}
 }
+
+// resetAfterHead sends a protected POST with key through f, reads n bytes
+// of the answer and resets the connection.
+func (f *front) resetAfterHead(t *testing.T, key string, n int) []byte {
+	t.Helper()
+	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"amount":1}`
+	fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	head := make([]byte, n)
+	if _, err := io.ReadFull(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	return head
+}
+
+// An event stream (flushed as it comes) whose client resets: completed,
+// not replayable, no panic logged.
+func TestClientResetDuringEventStreamIsNotReplayable(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	stopped := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(stopped)
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		event := []byte("data: " + strings.Repeat("e", 1000) + "\n\n")
+		for range 1 << 16 { // 64 MiB at most
+			if _, err := w.Write(event); err != nil {
+				return
+			}
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				return
+			}
+		}
+		t.Error("the event stream never broke off")
+	}))
+	t.Cleanup(up.Close)
+	f := newFront(t, up.URL)
+	if head := f.resetAfterHead(t, "k", 64); !bytes.HasPrefix(head, []byte("HTTP/1.1 200 ")) {
+		t.Fatalf("answer starts %q", head)
+	}
+	rec := f.settled(t, "k")
+	if rec.State != idemstore.StateCompleted || !rec.NotReplayable {
+		t.Fatalf("record: state %s, not replayable %v; want completed and not replayable", rec.State, rec.NotReplayable)
+	}
+	if status, code := f.retry(t, "k"); status != http.StatusConflict || code != idem.CodeNotReplayable {
+		t.Fatalf("retry: %d %q, want 409 %s", status, code, idem.CodeNotReplayable)
+	}
+	<-stopped
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times, want 1", n)
+	}
+	if logs := f.logs.String(); strings.Contains(logs, "panic") || strings.Contains(logs, "outcome unknown") {
+		t.Fatalf("the hang-up was logged as a panic or an unknown outcome:\n%s", logs)
+	}
+}
+
+// A client that resets while the upstream works does not cancel it: the
+// upstream's (small) answer is stored and replayed to the retry.
+func TestClientResetWhileUpstreamWorksIsReplayed(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	arrived, proceed := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 {
+			close(arrived)
+			<-proceed
+		}
+		if err := r.Context().Err(); err != nil {
+			t.Errorf("the upstream request was cancelled: %v", err)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"charged":true}`)
+	}))
+	t.Cleanup(up.Close)
+	f := newFront(t, up.URL)
+
+	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"amount":1}`
+	fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	<-arrived
+	if err := conn.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	close(proceed)
+
+	rec := f.settled(t, "k")
+	if rec.State != idemstore.StateCompleted || rec.NotReplayable {
+		t.Fatalf("record: state %s, not replayable %v; want completed and replayable", rec.State, rec.NotReplayable)
+	}
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/payments", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || string(got) != `{"charged":true}` || resp.Header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %s replayed=%q", resp.StatusCode, got, resp.Header.Get(idem.HeaderReplayed))
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("upstream called %d times, want 1", n)
+	}
+	if logs := f.logs.String(); strings.Contains(logs, "panic") || strings.Contains(logs, "outcome unknown") {
+		t.Fatalf("log:\n%s", logs)
+	}
+}
