@@ -334,8 +334,17 @@ func TestHangUpWhileWaiting(t *testing.T) {
 	})
 	first := make(chan string, 1)
 	go func() {
-		resp, body := b.post(t, "k", "{}")
-		first <- fmt.Sprint(resp.StatusCode, " ", body)
+		req, _ := http.NewRequest("POST", b.srv.URL+"/v1/things", strings.NewReader("{}"))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := b.srv.Client().Do(req)
+		if err != nil {
+			first <- err.Error()
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		first <- fmt.Sprint(resp.StatusCode, " ", string(body))
 	}()
 	<-arrived
 	for range 3 {
