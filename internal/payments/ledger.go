@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,12 +69,14 @@ type LedgerDiscrepancy struct {
 
 // LedgerResult counts what one pass of ReconcileLedgerOnce did.
 type LedgerResult struct {
-	// Checked is the number of charges read.
+	// Checked is the number of charges looked at: those read for the
+	// first time and those held by an earlier pass.
 	Checked int
 	// Reported counts the discrepancies found for the first time.
 	Reported int
-	// Held counts the charges looked at again on the next pass: their
-	// payment is not settled yet, or they are younger than LedgerGrace.
+	// Held counts the charges the watermark waits for after the pass:
+	// their payment is not settled yet, or they are younger than
+	// LedgerGrace. The next pass looks at them again.
 	Held int
 	// Watermark is the seq up to which the ledger is checked, after the
 	// pass.
@@ -99,93 +102,157 @@ type ledgerRepo interface {
 	ledgerCounts(ctx context.Context) (map[string]int, error)
 }
 
+// ledgerScan is what a process remembers between its ledger passes: how
+// far it read, and the charges past the watermark it must look at again.
+// A pass reads only the charges it has not read yet and re-checks the held
+// ones, so a busy ledger costs each charge one look (and one more per pass
+// while it is held), not a re-read of everything after the watermark. A new
+// process, or one whose watermark another process moved past its cursor,
+// starts from the stored watermark.
+type ledgerScan struct {
+	mu     sync.Mutex // one pass at a time
+	cursor int64      // the last seq read
+	held   []*heldCharge
+}
+
+// heldCharge is a charge whose verdict may still change, or which is
+// younger than LedgerGrace.
+type heldCharge struct {
+	charge *ledgerCharge
+	// final: the verdict will not change (no payment, or a succeeded or
+	// failed one, reported when it is a discrepancy); only the grace holds
+	// it.
+	final bool
+}
+
+// maxLedgerHeld bounds the charges a process holds: past it, a pass reads
+// no new page until some are released.
+const maxLedgerHeld = 10 * maxLedgerPage
+
 // ReconcileLedgerOnce runs one pass of the provider-side reconciliation:
-// it pages through the provider's charges after the watermark, reports
-// every charge with no payment or with a failed payment, and moves the
-// watermark past the charges whose verdict is final. The reconciler's loop
-// runs it after ReconcileOnce.
+// it looks again at the charges it held, reads the provider's charges it
+// has not read yet (from the watermark, in pages), reports every charge
+// with no payment or with a failed payment, and moves the watermark up to
+// the first charge still held. The reconciler's loop runs it after
+// ReconcileOnce.
 func (s *Service) ReconcileLedgerOnce(ctx context.Context) (LedgerResult, error) {
 	var res LedgerResult
+	sc := &s.ledger
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
 	w, err := s.db.repo.ledgerWatermark(ctx)
 	if err != nil {
 		return res, fmt.Errorf("reading the ledger watermark: %w", err)
 	}
 	res.Watermark = w
+	if sc.cursor < w {
+		// The first pass, or another process checked further.
+		sc.cursor, sc.held = w, nil
+	}
 	now := s.now()
-	limit := min(s.cfg.ReconcileBatch, maxLedgerPage)
-	after, advance, next := w, true, w
 	// The writes run to their end even when the pass is cancelled.
 	wctx := context.WithoutCancel(ctx)
-	for range maxLedgerPages {
+	var perr error
+	var held []*heldCharge
+	for i, h := range sc.held {
+		res.Checked++
+		if h.final {
+			if now.Sub(h.charge.CreatedAt) < s.cfg.LedgerGrace {
+				held = append(held, h)
+			}
+			continue
+		}
+		keep, err := s.checkCharge(wctx, &res, h.charge, now)
+		if err != nil {
+			perr = err
+			held = append(held, sc.held[i:]...)
+			break
+		}
+		if keep != nil {
+			held = append(held, keep)
+		}
+	}
+	limit := min(s.cfg.ReconcileBatch, maxLedgerPage)
+	for page := 0; perr == nil && page < maxLedgerPages && len(held) < maxLedgerHeld; page++ {
 		pctx, cancel := context.WithTimeout(ctx, s.cfg.DeliverTimeout)
-		charges, err := s.provider.page(pctx, after, limit)
+		charges, err := s.provider.page(pctx, sc.cursor, limit)
 		cancel()
 		if err != nil {
-			return res, s.ledgerAdvance(wctx, &res, next, now, fmt.Errorf("reading the provider's ledger after %d: %w", after, err))
+			perr = fmt.Errorf("reading the provider's ledger after %d: %w", sc.cursor, err)
+			break
 		}
 		for _, ch := range charges {
 			res.Checked++
-			hold, err := s.checkCharge(wctx, &res, ch, now)
+			keep, err := s.checkCharge(wctx, &res, ch, now)
 			if err != nil {
-				return res, s.ledgerAdvance(wctx, &res, next, now, err)
+				perr = err
+				break
 			}
-			if hold {
-				res.Held++
-				advance = false
+			if keep != nil {
+				held = append(held, keep)
 			}
-			if advance {
-				next = ch.Seq
-			}
+			sc.cursor = ch.Seq
 		}
 		if len(charges) < limit {
 			break
 		}
-		after = charges[len(charges)-1].Seq
 	}
-	return res, s.ledgerAdvance(wctx, &res, next, now, nil)
+	sc.held = held
+	res.Held = len(held)
+	next := sc.cursor
+	if len(held) > 0 {
+		next = held[0].charge.Seq - 1
+	}
+	return res, s.ledgerAdvance(wctx, &res, next, now, perr)
 }
 
 // checkCharge compares one charge with its payment and reports a
-// discrepancy. It returns true when the charge must be looked at again.
-func (s *Service) checkCharge(ctx context.Context, res *LedgerResult, ch *ledgerCharge, now time.Time) (hold bool, err error) {
+// discrepancy. It returns the charge to hold when it must be looked at
+// again, or nil.
+func (s *Service) checkCharge(ctx context.Context, res *LedgerResult, ch *ledgerCharge, now time.Time) (*heldCharge, error) {
 	d := &LedgerDiscrepancy{
 		ChargeID: ch.ID, ChargeSeq: ch.Seq, Reference: ch.Reference,
 		AmountCents: ch.AmountCents, Currency: ch.Currency, ChargedAt: ch.CreatedAt.UTC(), FoundAt: now,
 	}
+	final := true
 	p, err := s.db.repo.byID(ctx, ch.Reference)
 	switch {
 	case errors.Is(err, errNotFound):
 		d.Kind = DiscrepancyNoPayment
 	case err != nil:
-		return false, fmt.Errorf("looking up the payment of charge %s: %w", ch.ID, err)
+		return nil, fmt.Errorf("looking up the payment of charge %s: %w", ch.ID, err)
 	case p.Status == StatusFailed:
 		d.Kind = DiscrepancyPaymentFailed
 		d.PaymentID, d.Tenant, d.PaymentStatus = p.ID, p.tenant, p.Status
 	case p.Status != StatusSucceeded:
-		hold = true // the other direction settles it; look again
+		final = false // the other direction settles it; look again
 	}
-	if now.Sub(d.ChargedAt) < s.cfg.LedgerGrace {
-		hold = true
-	}
-	if d.Kind == "" {
-		return hold, nil
-	}
-	added, err := s.db.repo.ledgerReport(ctx, d)
-	if err != nil {
-		return false, fmt.Errorf("recording the discrepancy of charge %s: %w", ch.ID, err)
-	}
-	if added {
-		res.Reported++
-		attrs := []any{"kind", d.Kind, "charge_id", d.ChargeID, "charge_seq", d.ChargeSeq, "reference", d.Reference,
-			"amount_cents", d.AmountCents, "currency", d.Currency}
-		if d.Kind == DiscrepancyNoPayment {
-			s.log.Error("payments: ledger: the provider has a charge with no payment", attrs...)
-		} else {
-			s.log.Error("payments: ledger: the provider charged a failed payment (money taken, customer told no)",
-				append(attrs, "payment_id", d.PaymentID, "tenant", d.Tenant)...)
+	if d.Kind != "" {
+		added, err := s.db.repo.ledgerReport(ctx, d)
+		if err != nil {
+			return nil, fmt.Errorf("recording the discrepancy of charge %s: %w", ch.ID, err)
+		}
+		if added {
+			res.Reported++
+			s.logDiscrepancy(d)
 		}
 	}
-	return hold, nil
+	if final && now.Sub(d.ChargedAt) >= s.cfg.LedgerGrace {
+		return nil, nil
+	}
+	return &heldCharge{charge: ch, final: final}, nil
+}
+
+// logDiscrepancy logs a discrepancy found for the first time.
+func (s *Service) logDiscrepancy(d *LedgerDiscrepancy) {
+	attrs := []any{"kind", d.Kind, "charge_id", d.ChargeID, "charge_seq", d.ChargeSeq, "reference", d.Reference,
+		"amount_cents", d.AmountCents, "currency", d.Currency}
+	if d.Kind == DiscrepancyNoPayment {
+		s.log.Error("payments: ledger: the provider has a charge with no payment", attrs...)
+		return
+	}
+	s.log.Error("payments: ledger: the provider charged a failed payment (money taken, customer told no)",
+		append(attrs, "payment_id", d.PaymentID, "tenant", d.Tenant)...)
 }
 
 // ledgerAdvance moves the watermark to next when it grew and returns

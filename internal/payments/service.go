@@ -41,6 +41,7 @@ type Service struct {
 	handler   http.Handler
 	relays    []*outbox.Relay
 	maint     *idemmaint.Maintainer
+	ledger    ledgerScan // ReconcileLedgerOnce's state
 
 	runMu    sync.Mutex
 	started  bool
@@ -230,9 +231,11 @@ func (s *Service) reconcileLoop(ctx context.Context) {
 		if _, err := s.ReconcileOnce(pctx); err != nil {
 			s.log.Error("payments: reconciliation pass failed", "error", err)
 		}
-		if _, err := s.ReconcileLedgerOnce(pctx); err != nil {
+		lctx, lcancel := context.WithTimeout(ctx, 3*s.cfg.DeliverTimeout)
+		if _, err := s.ReconcileLedgerOnce(lctx); err != nil {
 			s.log.Error("payments: ledger reconciliation pass failed", "error", err)
 		}
+		lcancel()
 		if _, err := s.PruneOnce(pctx); err != nil {
 			s.log.Error("payments: pruning delivered outbox rows failed", "error", err)
 		}
