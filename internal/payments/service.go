@@ -214,8 +214,8 @@ func (s *Service) now() time.Time {
 	return time.UnixMicro(s.cfg.Now().UnixMicro()).UTC()
 }
 
-// reconcileLoop runs ReconcileOnce, ReconcileLedgerOnce and PruneOnce every ReconcileInterval
-// until Stop.
+// reconcileLoop runs ReconcileOnce, ReconcileLedgerOnce and PruneOnce
+// every ReconcileInterval until Stop.
 func (s *Service) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
