@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +51,16 @@ func (c consoleLedger) LedgerDiscrepancyList(ctx context.Context, p *console.Led
 			ChargeID: d.ChargeID, ChargeSeq: d.ChargeSeq, Kind: d.Kind, Reference: d.Reference,
 			PaymentID: d.PaymentID, Tenant: d.Tenant, PaymentStatus: string(d.PaymentStatus),
 			AmountCents: d.AmountCents, Currency: d.Currency, ChargedAt: d.ChargedAt, FoundAt: d.FoundAt,
+			ResolvedAt: d.ResolvedAt, ResolvedBy: d.ResolvedBy,
 		}
 	}
 	return out, nil
+}
+
+func (c consoleLedger) LedgerDiscrepancyResolve(ctx context.Context, chargeID, operator string) error {
+	err := c.svc.ResolveLedgerDiscrepancy(ctx, chargeID, operator)
+	if errors.Is(err, paysvc.ErrNoOpenDiscrepancy) {
+		return fmt.Errorf("%w: %w", console.ErrNoOpenDiscrepancy, err)
+	}
+	return err
 }

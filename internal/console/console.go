@@ -170,6 +170,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/outbox", c.outboxPage)
 	mux.HandleFunc("POST "+p+"/outbox/retry", c.outboxRetry)
 	mux.HandleFunc("GET "+p+"/ledger", c.ledgerPage)
+	mux.HandleFunc("POST "+p+"/ledger/resolve", c.ledgerResolve)
 	mux.HandleFunc("POST "+p+"/logout", c.logout)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.renderError(w, r, http.StatusNotFound, "Not found", "There is no such page in the console.")

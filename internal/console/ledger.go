@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -16,7 +17,15 @@ type Ledger interface {
 	// LedgerDiscrepancyList returns at most p.Limit discrepancies with a
 	// charge seq below p.BeforeSeq (0: from the newest), newest first.
 	LedgerDiscrepancyList(ctx context.Context, p *LedgerListParams) ([]*LedgerDiscrepancy, error)
+	// LedgerDiscrepancyResolve marks the open discrepancy of the charge
+	// handled by operator. It returns an error matching
+	// ErrNoOpenDiscrepancy when the charge has none open.
+	LedgerDiscrepancyResolve(ctx context.Context, chargeID, operator string) error
 }
+
+// ErrNoOpenDiscrepancy is returned (wrapped or not) by
+// Ledger.LedgerDiscrepancyResolve when the charge has no open discrepancy.
+var ErrNoOpenDiscrepancy = errors.New("console: no open ledger discrepancy for this charge")
 
 // LedgerListParams page Ledger.LedgerDiscrepancyList.
 type LedgerListParams struct {
@@ -37,6 +46,10 @@ type LedgerDiscrepancy struct {
 	AmountCents                      int64
 	Currency                         string
 	ChargedAt, FoundAt               time.Time
+	// ResolvedAt and ResolvedBy are set once an operator marked it
+	// handled.
+	ResolvedAt time.Time
+	ResolvedBy string
 }
 
 type ledgerRow struct {
@@ -44,6 +57,7 @@ type ledgerRow struct {
 	PaymentID, Tenant, PaymentStatus string
 	Amount                           string
 	Charged, Found, FoundAgo         string
+	Resolved, ResolvedBy             string
 }
 
 type ledgerData struct {
@@ -78,15 +92,52 @@ func (c *console) ledgerPage(w http.ResponseWriter, r *http.Request) {
 		}
 		now := c.cfg.Now()
 		for _, x := range list {
-			d.Rows = append(d.Rows, ledgerRow{
+			row := ledgerRow{
 				ChargeID: x.ChargeID, Kind: x.Kind, Reference: x.Reference,
 				PaymentID: x.PaymentID, Tenant: x.Tenant, PaymentStatus: x.PaymentStatus,
 				Amount:  strconv.FormatInt(x.AmountCents/100, 10) + "." + twoDigits(x.AmountCents%100) + " " + x.Currency,
 				Charged: stamp(x.ChargedAt), Found: stamp(x.FoundAt), FoundAgo: ago(now, x.FoundAt),
-			})
+			}
+			if !x.ResolvedAt.IsZero() {
+				row.Resolved, row.ResolvedBy = stamp(x.ResolvedAt), x.ResolvedBy
+			}
+			d.Rows = append(d.Rows, row)
 		}
 	}
-	c.render(w, r, http.StatusOK, "ledger", page{Title: "Ledger discrepancies", Nav: "ledger", Data: d})
+	c.render(w, r, http.StatusOK, "ledger", page{Title: "Ledger discrepancies", Nav: "ledger", Flash: flashes[r.URL.Query().Get("done")], Data: d})
+}
+
+// ledgerResolve marks a discrepancy handled, with an audit line.
+func (c *console) ledgerResolve(w http.ResponseWriter, r *http.Request) {
+	back := c.cfg.Prefix + "/ledger"
+	if c.cfg.Ledger == nil {
+		c.renderError(w, r, http.StatusNotFound, "Not found", "No payments ledger is connected to this console.")
+		return
+	}
+	charge := r.PostForm.Get("charge")
+	if charge == "" || len(charge) > 255 {
+		c.renderErrorBack(w, r, http.StatusBadRequest, "Bad request", "The charge id is not valid.", back)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+	defer cancel()
+	operator := sessionFrom(r).operator
+	err := c.cfg.Ledger.LedgerDiscrepancyResolve(ctx, charge, operator)
+	attrs := []slog.Attr{
+		slog.String("action", "ledger_resolve"),
+		slog.String("operator", operator),
+		slog.String("charge_id", charge),
+	}
+	switch {
+	case err == nil:
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem console: operator resolved a ledger discrepancy", attrs...)
+		http.Redirect(w, r, back+"?done=handled", http.StatusSeeOther)
+	case errors.Is(err, ErrNoOpenDiscrepancy):
+		c.renderErrorBack(w, r, http.StatusConflict, "Not open", "Nothing was changed: this charge has no open discrepancy (it may have been resolved already).", back)
+	default:
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idem console: resolving a ledger discrepancy failed", append(attrs, slog.Any("error", err))...)
+		c.renderErrorBack(w, r, http.StatusServiceUnavailable, "Ledger unavailable", "Nothing was changed: the database returned an error (see the log).", back)
+	}
 }
 
 func twoDigits(n int64) string {

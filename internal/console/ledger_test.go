@@ -3,6 +3,8 @@ package console_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +33,21 @@ func (m *memLedger) LedgerDiscrepancyList(_ context.Context, p *console.LedgerLi
 		}
 	}
 	return out, nil
+}
+
+func (m *memLedger) LedgerDiscrepancyResolve(_ context.Context, chargeID, operator string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	for _, d := range m.list {
+		if d.ChargeID == chargeID && d.ResolvedAt.IsZero() {
+			d.ResolvedAt, d.ResolvedBy = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), operator
+			return nil
+		}
+	}
+	return fmt.Errorf("resolving %s: %w", chargeID, console.ErrNoOpenDiscrepancy)
 }
 
 func TestLedgerDiscrepancies(t *testing.T) {
@@ -82,5 +99,42 @@ func TestLedgerPageWithoutLedger(t *testing.T) {
 	b = setup(t, func(c *console.Config) { c.Ledger = l })
 	if page := b.get(t, "/_idem/ledger").Body.String(); !strings.Contains(page, "No discrepancies") {
 		t.Errorf("an empty ledger page:\n%s", page)
+	}
+}
+
+// Marking a discrepancy handled is a CSRF-checked POST with an audit line;
+// a second one is 409 and changes nothing.
+func TestLedgerResolve(t *testing.T) {
+	t.Parallel()
+	l := &memLedger{}
+	b := setup(t, func(c *console.Config) { c.Ledger = l })
+	at := time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)
+	l.list = []*console.LedgerDiscrepancy{
+		{ChargeID: "ch_ghost", ChargeSeq: 3, Kind: "no_payment", Reference: "pay_ghost", AmountCents: 700, Currency: "EUR", ChargedAt: at, FoundAt: at},
+	}
+	page := b.get(t, "/_idem/ledger").Body.String()
+	if !strings.Contains(page, ">Mark handled<") {
+		t.Fatalf("no action on an open discrepancy:\n%s", page)
+	}
+	if rec := b.post(t, "/_idem/ledger/resolve", url.Values{"charge": {"ch_ghost"}}); rec.Code != 403 {
+		t.Fatalf("a POST without the CSRF token: %d, want 403", rec.Code)
+	}
+	rec := b.post(t, "/_idem/ledger/resolve", url.Values{"csrf": {formValue(t, page, "csrf")}, "charge": {formValue(t, page, "charge")}})
+	if rec.Code != 303 || rec.Header().Get("Location") != "/_idem/ledger?done=handled" {
+		t.Fatalf("resolve: %d %s", rec.Code, rec.Header().Get("Location"))
+	}
+	logs := b.logs.String()
+	if !strings.Contains(logs, "action=ledger_resolve") || !strings.Contains(logs, "charge_id=ch_ghost") {
+		t.Errorf("no audit line:\n%s", logs)
+	}
+	after := b.get(t, "/_idem/ledger?done=handled").Body.String()
+	if strings.Contains(after, ">Mark handled<") || !strings.Contains(after, "Marked handled") {
+		t.Errorf("the page after resolving:\n%s", after)
+	}
+	if rec := b.post(t, "/_idem/ledger/resolve", url.Values{"csrf": {b.csrf(t)}, "charge": {"ch_ghost"}}); rec.Code != 409 {
+		t.Errorf("resolving again: %d, want 409", rec.Code)
+	}
+	if rec := b.post(t, "/_idem/ledger/resolve", url.Values{"csrf": {b.csrf(t)}, "charge": {""}}); rec.Code != 400 {
+		t.Errorf("no charge: %d, want 400", rec.Code)
 	}
 }

@@ -36,6 +36,7 @@ var flashes = map[string]string{
 	"completed": "Resolved: the record is completed and retries replay the response you entered.",
 	"released":  "Resolved: the key is released and the next retry executes again.",
 	"retried":   "The message is pending again and the relay will deliver it.",
+	"handled":   "Marked handled: the discrepancy stays listed and is no longer counted.",
 }
 
 // --- overview ---

@@ -65,6 +65,10 @@ type LedgerDiscrepancy struct {
 	Currency      string
 	ChargedAt     time.Time
 	FoundAt       time.Time
+	// ResolvedAt and ResolvedBy are set once an operator marked the
+	// discrepancy handled (ResolveLedgerDiscrepancy); zero while it is open.
+	ResolvedAt time.Time
+	ResolvedBy string
 }
 
 // LedgerResult counts what one pass of ReconcileLedgerOnce did.
@@ -98,8 +102,11 @@ type ledgerRepo interface {
 	// ledgerList returns at most limit discrepancies with a charge seq
 	// below before, newest charge first.
 	ledgerList(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error)
-	// ledgerCounts returns the number of discrepancies of each kind.
+	// ledgerCounts returns the number of open discrepancies of each kind.
 	ledgerCounts(ctx context.Context) (map[string]int, error)
+	// ledgerResolve marks the open discrepancy of the charge handled; it
+	// reports whether one was open.
+	ledgerResolve(ctx context.Context, chargeID, by string, now time.Time) (bool, error)
 }
 
 // ledgerScan is what a process remembers between its ledger passes: how
@@ -277,8 +284,8 @@ func (s *Service) LedgerDiscrepancies(ctx context.Context, before int64, limit i
 	return s.db.repo.ledgerList(ctx, before, limit)
 }
 
-// LedgerDiscrepancyCounts returns the number of discrepancies of each kind
-// (every kind of DiscrepancyKinds is present).
+// LedgerDiscrepancyCounts returns the number of open discrepancies of each
+// kind (every kind of DiscrepancyKinds is present).
 func (s *Service) LedgerDiscrepancyCounts(ctx context.Context) (map[string]int, error) {
 	counts, err := s.db.repo.ledgerCounts(ctx)
 	if err != nil {
@@ -288,6 +295,24 @@ func (s *Service) LedgerDiscrepancyCounts(ctx context.Context) (map[string]int, 
 		counts[k] += 0
 	}
 	return counts, nil
+}
+
+// ErrNoOpenDiscrepancy is returned by ResolveLedgerDiscrepancy when the
+// charge has no open discrepancy.
+var ErrNoOpenDiscrepancy = errors.New("payments: no open ledger discrepancy for this charge")
+
+// ResolveLedgerDiscrepancy marks the open discrepancy of a charge handled
+// by the operator by (refunded, or settled with the customer): it stays
+// listed, and is no longer counted.
+func (s *Service) ResolveLedgerDiscrepancy(ctx context.Context, chargeID, by string) error {
+	ok, err := s.db.repo.ledgerResolve(ctx, chargeID, by, s.now())
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ErrNoOpenDiscrepancy
+	}
+	return nil
 }
 
 // LedgerWatermark returns the seq up to which the provider's ledger was
@@ -383,14 +408,18 @@ func (r *sqliteRepo) ledgerList(ctx context.Context, before int64, limit int) ([
 	var out []*LedgerDiscrepancy
 	for rows.Next() {
 		d := &LedgerDiscrepancy{}
-		var paymentID, tenant, status sql.NullString
+		var paymentID, tenant, resolvedBy, status sql.NullString
 		var charged, found int64
+		var resolved sql.NullInt64
 		if err := rows.Scan(&d.ChargeID, &d.ChargeSeq, &d.Kind, &d.Reference, &paymentID, &tenant,
-			&d.AmountCents, &d.Currency, &charged, &found, &status); err != nil {
+			&d.AmountCents, &d.Currency, &charged, &found, &resolved, &resolvedBy, &status); err != nil {
 			return nil, err
 		}
 		d.PaymentID, d.Tenant, d.PaymentStatus = paymentID.String, tenant.String, Status(status.String)
 		d.ChargedAt, d.FoundAt = time.UnixMicro(charged).UTC(), time.UnixMicro(found).UTC()
+		if resolved.Valid {
+			d.ResolvedAt, d.ResolvedBy = time.UnixMicro(resolved.Int64).UTC(), resolvedBy.String
+		}
 		out = append(out, d)
 	}
 	return out, rows.Err()
@@ -412,6 +441,10 @@ func (r *sqliteRepo) ledgerCounts(ctx context.Context) (map[string]int, error) {
 		counts[kind] = n
 	}
 	return counts, rows.Err()
+}
+
+func (r *sqliteRepo) ledgerResolve(ctx context.Context, chargeID, by string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.ledgerResolve, chargeID, now.UnixMicro(), by)
 }
 
 func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
@@ -451,10 +484,17 @@ func (r *pgxRepo) ledgerList(ctx context.Context, before int64, limit int) ([]*L
 	var out []*LedgerDiscrepancy
 	for rows.Next() {
 		d := &LedgerDiscrepancy{}
-		var paymentID, tenant, status *string
+		var paymentID, tenant, resolvedBy, status *string
+		var resolved *time.Time
 		if err := rows.Scan(&d.ChargeID, &d.ChargeSeq, &d.Kind, &d.Reference, &paymentID, &tenant,
-			&d.AmountCents, &d.Currency, &d.ChargedAt, &d.FoundAt, &status); err != nil {
+			&d.AmountCents, &d.Currency, &d.ChargedAt, &d.FoundAt, &resolved, &resolvedBy, &status); err != nil {
 			return nil, err
+		}
+		if resolved != nil {
+			d.ResolvedAt = resolved.UTC()
+		}
+		if resolvedBy != nil {
+			d.ResolvedBy = *resolvedBy
 		}
 		if paymentID != nil {
 			d.PaymentID = *paymentID
@@ -469,6 +509,10 @@ func (r *pgxRepo) ledgerList(ctx context.Context, before int64, limit int) ([]*L
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+func (r *pgxRepo) ledgerResolve(ctx context.Context, chargeID, by string, now time.Time) (bool, error) {
+	return r.exec(ctx, r.q.ledgerResolve, chargeID, now, by)
 }
 
 func (r *pgxRepo) ledgerCounts(ctx context.Context) (map[string]int, error) {

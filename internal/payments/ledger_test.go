@@ -2,6 +2,7 @@ package payments
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -170,6 +171,30 @@ func TestLedgerReconciliation(t *testing.T) {
 		}
 		// The first service, still running, sees the same state.
 		b.ledgerOnce(t, b.svc, LedgerResult{Checked: 0, Watermark: late.Seq})
+
+		// An operator marks the ghost charge handled: it stays listed, and
+		// is no longer counted; a second resolution changes nothing.
+		if err := b.svc.ResolveLedgerDiscrepancy(b.ctx, ghost.ID, "ops@example.com"); err != nil {
+			t.Fatalf("ResolveLedgerDiscrepancy: %v", err)
+		}
+		if err := b.svc.ResolveLedgerDiscrepancy(b.ctx, ghost.ID, "someone-else"); !errors.Is(err, ErrNoOpenDiscrepancy) {
+			t.Fatalf("resolving again: %v, want ErrNoOpenDiscrepancy", err)
+		}
+		if err := b.svc.ResolveLedgerDiscrepancy(b.ctx, "ch_unknown", "ops"); !errors.Is(err, ErrNoOpenDiscrepancy) {
+			t.Fatalf("resolving an unknown charge: %v, want ErrNoOpenDiscrepancy", err)
+		}
+		if counts, err := b.svc.LedgerDiscrepancyCounts(b.ctx); err != nil || counts[DiscrepancyNoPayment] != 1 || counts[DiscrepancyPaymentFailed] != 1 {
+			t.Fatalf("counts after a resolution %v, %v", counts, err)
+		}
+		all, err := b.svc.LedgerDiscrepancies(b.ctx, 0, 10)
+		if err != nil || len(all) != 3 {
+			t.Fatalf("list after a resolution: %v, %v", all, err)
+		}
+		for _, d := range all {
+			if resolved := d.ChargeID == ghost.ID; resolved != !d.ResolvedAt.IsZero() || (resolved && d.ResolvedBy != "ops@example.com") {
+				t.Errorf("discrepancy %s: resolved at %v by %q", d.ChargeID, d.ResolvedAt, d.ResolvedBy)
+			}
+		}
 	})
 }
 

@@ -92,10 +92,16 @@ RETURNING charge_id
 -- name: ledger_list
 -- At most ?2 discrepancies with a charge seq below ?1, newest charge first.
 SELECT d.charge_id, d.charge_seq, d.kind, d.reference, d.payment_id, d.tenant, d.amount_cents,
-       d.currency, d.charged_at, d.found_at, p.status
+       d.currency, d.charged_at, d.found_at, d.resolved_at, d.resolved_by, p.status
 FROM payments_ledger_discrepancies d LEFT JOIN payments p ON p.id = d.payment_id
 WHERE d.charge_seq < ?1
 ORDER BY d.charge_seq DESC LIMIT ?2
 
 -- name: ledger_counts
-SELECT kind, COUNT(*) FROM payments_ledger_discrepancies GROUP BY kind
+-- The open (not resolved) discrepancies of each kind.
+SELECT kind, COUNT(*) FROM payments_ledger_discrepancies WHERE resolved_at IS NULL GROUP BY kind
+
+-- name: ledger_resolve
+-- Marks an open discrepancy handled; no row changes when none is open.
+UPDATE payments_ledger_discrepancies SET resolved_at = ?2, resolved_by = ?3
+WHERE charge_id = ?1 AND resolved_at IS NULL

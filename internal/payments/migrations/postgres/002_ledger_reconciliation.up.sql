@@ -27,6 +27,9 @@ CREATE TABLE {{schema}}payments_ledger_discrepancies (
     currency     text        NOT NULL,
     charged_at   timestamptz NOT NULL,
     found_at     timestamptz NOT NULL,
+    -- Set when an operator marks the discrepancy handled (the console).
+    resolved_at  timestamptz,
+    resolved_by  text,
 
     CONSTRAINT payments_ledger_discrepancies_pkey PRIMARY KEY (charge_id),
     CONSTRAINT payments_ledger_discrepancies_kind_check CHECK (kind IN ('no_payment', 'payment_failed'))

@@ -25,6 +25,9 @@ CREATE TABLE payments_ledger_discrepancies (
     currency     TEXT    NOT NULL,
     charged_at   INTEGER NOT NULL,
     found_at     INTEGER NOT NULL,
+    -- Set when an operator marks the discrepancy handled (the console).
+    resolved_at  INTEGER,
+    resolved_by  TEXT,
 
     CONSTRAINT payments_ledger_discrepancies_kind_check CHECK (kind IN ('no_payment', 'payment_failed'))
 ) STRICT;
