@@ -141,7 +141,7 @@ type queries struct {
 	unsettled                                            string
 	settingGet, settingAdd, anyPayment                   string
 	// The provider-side reconciliation (ledger.go).
-	ledgerWatermark, ledgerAdvance, ledgerReport, ledgerList, ledgerCounts, ledgerResolve string
+	ledgerWatermark, ledgerAdvance, ledgerReport, ledgerList, ledgerCounts, ledgerResolve, ledgerPayments string
 }
 
 // newQueries picks the service's statements out of one dialect's and puts
@@ -175,6 +175,7 @@ func newQueries(statements map[string]string, schema string) queries {
 		ledgerList:      q("ledger_list"),
 		ledgerCounts:    q("ledger_counts"),
 		ledgerResolve:   q("ledger_resolve"),
+		ledgerPayments:  q("ledger_payments"),
 	}
 }
 

@@ -104,6 +104,9 @@ type ledgerRepo interface {
 	ledgerList(ctx context.Context, before int64, limit int) ([]*LedgerDiscrepancy, error)
 	// ledgerCounts returns the number of open discrepancies of each kind.
 	ledgerCounts(ctx context.Context) (map[string]int, error)
+	// ledgerPayments returns the payments with the ids, by id, in one
+	// query; ids without a payment are missing from the map.
+	ledgerPayments(ctx context.Context, ids []string) (map[string]*Payment, error)
 	// ledgerResolve marks the open discrepancy of the charge handled; it
 	// reports whether one was open.
 	ledgerResolve(ctx context.Context, chargeID, by string, now time.Time) (bool, error)
@@ -160,24 +163,26 @@ func (s *Service) ReconcileLedgerOnce(ctx context.Context) (LedgerResult, error)
 	// The writes run to their end even when the pass is cancelled.
 	wctx := context.WithoutCancel(ctx)
 	var perr error
-	var held []*heldCharge
-	for i, h := range sc.held {
+	var held, recheck []*heldCharge
+	for _, h := range sc.held {
 		res.Checked++
-		if h.final {
-			if now.Sub(h.charge.CreatedAt) < s.cfg.LedgerGrace {
-				held = append(held, h)
-			}
-			continue
+		switch {
+		case !h.final:
+			recheck = append(recheck, h)
+		case now.Sub(h.charge.CreatedAt) < s.cfg.LedgerGrace:
+			held = append(held, h)
 		}
-		keep, err := s.checkCharge(wctx, &res, h.charge, now)
+	}
+	if len(recheck) > 0 {
+		charges := make([]*ledgerCharge, len(recheck))
+		for i, h := range recheck {
+			charges[i] = h.charge
+		}
+		keep, err := s.checkCharges(wctx, &res, charges, now)
 		if err != nil {
-			perr = err
-			held = append(held, sc.held[i:]...)
-			break
+			perr, keep = err, recheck
 		}
-		if keep != nil {
-			held = append(held, keep)
-		}
+		held = mergeHeld(held, keep)
 	}
 	limit := min(s.cfg.ReconcileBatch, maxLedgerPage)
 	for page := 0; perr == nil && page < maxLedgerPages && len(held) < maxLedgerHeld; page++ {
@@ -188,18 +193,17 @@ func (s *Service) ReconcileLedgerOnce(ctx context.Context) (LedgerResult, error)
 			perr = fmt.Errorf("reading the provider's ledger after %d: %w", sc.cursor, err)
 			break
 		}
-		for _, ch := range charges {
-			res.Checked++
-			keep, err := s.checkCharge(wctx, &res, ch, now)
-			if err != nil {
-				perr = err
-				break
-			}
-			if keep != nil {
-				held = append(held, keep)
-			}
-			sc.cursor = ch.Seq
+		if len(charges) == 0 {
+			break
 		}
+		res.Checked += len(charges)
+		keep, err := s.checkCharges(wctx, &res, charges, now)
+		if err != nil {
+			perr = err
+			break
+		}
+		held = append(held, keep...)
+		sc.cursor = charges[len(charges)-1].Seq
 		if len(charges) < limit {
 			break
 		}
@@ -213,41 +217,62 @@ func (s *Service) ReconcileLedgerOnce(ctx context.Context) (LedgerResult, error)
 	return res, s.ledgerAdvance(wctx, &res, next, now, perr)
 }
 
-// checkCharge compares one charge with its payment and reports a
-// discrepancy. It returns the charge to hold when it must be looked at
-// again, or nil.
-func (s *Service) checkCharge(ctx context.Context, res *LedgerResult, ch *ledgerCharge, now time.Time) (*heldCharge, error) {
-	d := &LedgerDiscrepancy{
-		ChargeID: ch.ID, ChargeSeq: ch.Seq, Reference: ch.Reference,
-		AmountCents: ch.AmountCents, Currency: ch.Currency, ChargedAt: ch.CreatedAt.UTC(), FoundAt: now,
+// checkCharges compares a page of charges with their payments (one query)
+// and reports the discrepancies. It returns the charges to look at again,
+// in ledger order.
+func (s *Service) checkCharges(ctx context.Context, res *LedgerResult, charges []*ledgerCharge, now time.Time) ([]*heldCharge, error) {
+	ids := make([]string, len(charges))
+	for i, ch := range charges {
+		ids[i] = ch.Reference
 	}
-	final := true
-	p, err := s.db.repo.byID(ctx, ch.Reference)
-	switch {
-	case errors.Is(err, errNotFound):
-		d.Kind = DiscrepancyNoPayment
-	case err != nil:
-		return nil, fmt.Errorf("looking up the payment of charge %s: %w", ch.ID, err)
-	case p.Status == StatusFailed:
-		d.Kind = DiscrepancyPaymentFailed
-		d.PaymentID, d.Tenant, d.PaymentStatus = p.ID, p.tenant, p.Status
-	case p.Status != StatusSucceeded:
-		final = false // the other direction settles it; look again
+	payments, err := s.db.repo.ledgerPayments(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the payments of %d charges: %w", len(charges), err)
 	}
-	if d.Kind != "" {
-		added, err := s.db.repo.ledgerReport(ctx, d)
-		if err != nil {
-			return nil, fmt.Errorf("recording the discrepancy of charge %s: %w", ch.ID, err)
+	var held []*heldCharge
+	for _, ch := range charges {
+		d := &LedgerDiscrepancy{
+			ChargeID: ch.ID, ChargeSeq: ch.Seq, Reference: ch.Reference,
+			AmountCents: ch.AmountCents, Currency: ch.Currency, ChargedAt: ch.CreatedAt.UTC(), FoundAt: now,
 		}
-		if added {
-			res.Reported++
-			s.logDiscrepancy(d)
+		final := true
+		switch p := payments[ch.Reference]; {
+		case p == nil:
+			d.Kind = DiscrepancyNoPayment
+		case p.Status == StatusFailed:
+			d.Kind = DiscrepancyPaymentFailed
+			d.PaymentID, d.Tenant, d.PaymentStatus = p.ID, p.tenant, p.Status
+		case p.Status != StatusSucceeded:
+			final = false // the other direction settles it; look again
+		}
+		if d.Kind != "" {
+			added, err := s.db.repo.ledgerReport(ctx, d)
+			if err != nil {
+				return nil, fmt.Errorf("recording the discrepancy of charge %s: %w", ch.ID, err)
+			}
+			if added {
+				res.Reported++
+				s.logDiscrepancy(d)
+			}
+		}
+		if !final || now.Sub(d.ChargedAt) < s.cfg.LedgerGrace {
+			held = append(held, &heldCharge{charge: ch, final: final})
 		}
 	}
-	if final && now.Sub(d.ChargedAt) >= s.cfg.LedgerGrace {
-		return nil, nil
+	return held, nil
+}
+
+// mergeHeld merges two lists of held charges, each in ledger order.
+func mergeHeld(a, b []*heldCharge) []*heldCharge {
+	out := make([]*heldCharge, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0].charge.Seq < b[0].charge.Seq {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
 	}
-	return &heldCharge{charge: ch, final: final}, nil
+	return append(append(out, a...), b...)
 }
 
 // logDiscrepancy logs a discrepancy found for the first time.
@@ -447,6 +472,27 @@ func (r *sqliteRepo) ledgerResolve(ctx context.Context, chargeID, by string, now
 	return r.exec(ctx, r.q.ledgerResolve, chargeID, now.UnixMicro(), by)
 }
 
+func (r *sqliteRepo) ledgerPayments(ctx context.Context, ids []string) (map[string]*Payment, error) {
+	arg, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := r.db.QueryContext(ctx, r.q.ledgerPayments, string(arg))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]*Payment, len(ids))
+	for rows.Next() {
+		p, err := scanSQLite(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[p.ID] = p
+	}
+	return out, rows.Err()
+}
+
 func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
 
 // --- PostgreSQL ---
@@ -513,6 +559,23 @@ func (r *pgxRepo) ledgerList(ctx context.Context, before int64, limit int) ([]*L
 
 func (r *pgxRepo) ledgerResolve(ctx context.Context, chargeID, by string, now time.Time) (bool, error) {
 	return r.exec(ctx, r.q.ledgerResolve, chargeID, now, by)
+}
+
+func (r *pgxRepo) ledgerPayments(ctx context.Context, ids []string) (map[string]*Payment, error) {
+	rows, err := r.pool.Query(ctx, r.q.ledgerPayments, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]*Payment, len(ids))
+	for rows.Next() {
+		p, err := scanPgx(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[p.ID] = p
+	}
+	return out, rows.Err()
 }
 
 func (r *pgxRepo) ledgerCounts(ctx context.Context) (map[string]int, error) {

@@ -106,3 +106,10 @@ SELECT kind, COUNT(*) FROM {{schema}}payments_ledger_discrepancies WHERE resolve
 -- Marks an open discrepancy handled; no row changes when none is open.
 UPDATE {{schema}}payments_ledger_discrepancies SET resolved_at = $2, resolved_by = $3
 WHERE charge_id = $1 AND resolved_at IS NULL
+
+-- name: ledger_payments
+-- The payments whose id is in the array $1 (the references of a page of
+-- the provider's ledger), in one statement.
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM {{schema}}payments WHERE id = ANY($1::text[])

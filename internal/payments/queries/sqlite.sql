@@ -105,3 +105,10 @@ SELECT kind, COUNT(*) FROM payments_ledger_discrepancies WHERE resolved_at IS NU
 -- Marks an open discrepancy handled; no row changes when none is open.
 UPDATE payments_ledger_discrepancies SET resolved_at = ?2, resolved_by = ?3
 WHERE charge_id = ?1 AND resolved_at IS NULL
+
+-- name: ledger_payments
+-- The payments whose id is in the JSON array ?1 (the references of a page
+-- of the provider's ledger), in one statement.
+SELECT seq, id, tenant, customer_id, amount_cents, currency, status, provider_key, outbox_id,
+       charge_id, failure_reason, reconcile_attempts, created_at, updated_at
+FROM payments WHERE id IN (SELECT value FROM json_each(?1))
