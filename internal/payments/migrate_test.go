@@ -94,14 +94,15 @@ func TestMigrationsLegacyTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// 001 keeps its legacy date; 002 is applied now.
-		if len(status) != 2 || status[0].Version != 1 || status[0].Name != "create_payments" ||
+		// 001 keeps its legacy date; 002 and 003 are applied now.
+		if len(status) != 3 || status[0].Version != 1 || status[0].Name != "create_payments" ||
 			!status[0].Applied || !status[0].AppliedAt.Equal(legacyAt) ||
-			status[1].Name != "create_settings" || !status[1].Applied {
-			t.Fatalf("Status = %+v; want 001_create_payments applied at %v, then 002_create_settings", status, legacyAt)
+			status[1].Name != "create_settings" || !status[1].Applied ||
+			status[2].Name != "ledger_reconciliation" || !status[2].Applied {
+			t.Fatalf("Status = %+v; want 001_create_payments applied at %v, then 002_create_settings and 003_ledger_reconciliation", status, legacyAt)
 		}
-		if n := b.count(t, "payments_migrations"); n != 2 {
-			t.Errorf("%d rows in payments_migrations, want 2", n)
+		if n := b.count(t, "payments_migrations"); n != 3 {
+			t.Errorf("%d rows in payments_migrations, want 3", n)
 		}
 		p := b.mustCreate(t, "legacy-1", 1200)
 		if got := b.status(t, p.ID); got.ID != p.ID || got.Status != StatusPending {
@@ -168,13 +169,22 @@ func TestMigrationsDown(t *testing.T) {
 			defer d.close()
 			r := d.repo.migrator(now)
 			migrated := schemaObjects(t, d)
-			for _, want := range []string{"payments", "payments_migrations", "payments_tenant_seq_idx", "payments_unsettled_idx", "payments_settings"} {
+			for _, want := range []string{"payments", "payments_migrations", "payments_tenant_seq_idx", "payments_unsettled_idx", "payments_settings",
+				"payments_ledger_watermark", "payments_ledger_discrepancies", "payments_ledger_discrepancies_found_idx"} {
 				if !slices.Contains(migrated, want) {
 					t.Fatalf("after New, the database has %q, want %s among them", migrated, want)
 				}
 			}
 
 			s, err := r.Down(t.Context())
+			if err != nil || s == nil || s.Version != 3 || s.Applied {
+				t.Fatalf("Down = %+v, %v; want 003 reverted", s, err)
+			}
+			if left := schemaObjects(t, d); slices.Contains(left, "payments_ledger_watermark") || slices.Contains(left, "payments_ledger_discrepancies") ||
+				!slices.Contains(left, "payments_settings") {
+				t.Errorf("after reverting 003, the database has %q", left)
+			}
+			s, err = r.Down(t.Context())
 			if err != nil || s == nil || s.Version != 2 || s.Applied {
 				t.Fatalf("Down = %+v, %v; want 002 reverted", s, err)
 			}
@@ -198,8 +208,8 @@ func TestMigrationsDown(t *testing.T) {
 			}
 
 			done, err := r.Up(t.Context())
-			if err != nil || len(done) != 2 || done[0].Version != 1 || done[1].Version != 2 || !done[0].AppliedAt.Equal(at) {
-				t.Fatalf("Up after Down = %+v, %v; want 001 and 002 applied at %v", done, err, at)
+			if err != nil || len(done) != 3 || done[0].Version != 1 || done[1].Version != 2 || done[2].Version != 3 || !done[0].AppliedAt.Equal(at) {
+				t.Fatalf("Up after Down = %+v, %v; want 001, 002 and 003 applied at %v", done, err, at)
 			}
 			if again := schemaObjects(t, d); !slices.Equal(again, migrated) {
 				t.Errorf("after Up again, the database has %q, want %q as after New", again, migrated)
