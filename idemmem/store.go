@@ -162,7 +162,6 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	r.Attempts++
 	r.Response = nil
 	r.NotReplayable = false
-	r.TTL = p.TTL
 	r.ReconcileAfter, r.ReconcileAttempts, r.ReconcileError = time.Time{}, 0, ""
 	if p.LeaseExpiredState == idemstore.StateReleased || p.LeaseExpiredState == idemstore.StateUnknown {
 		r.LeaseExpiredState = p.LeaseExpiredState
