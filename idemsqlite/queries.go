@@ -136,12 +136,19 @@ const (
 	RETURNING ` + recordColumns
 
 	// reapKeys deletes at most ?2 expired records at ?1 now: past their
-	// retention and not unknown.
+	// retention and not unknown. Each branch reads its partial index
+	// (idem_keys_reap_idx, idem_keys_sweep_idx) and stops at the limit.
 	reapKeys = `DELETE FROM idem_keys
 	WHERE rowid IN (
-		SELECT rowid FROM idem_keys WHERE expires_at <= ?1 AND state <> 'unknown'
-			AND NOT (state = 'in_progress' AND locked_until <= ?1 AND lease_expired_state = 'unknown')
-		ORDER BY expires_at LIMIT ?2
+		SELECT rowid FROM (
+			SELECT rowid, expires_at FROM idem_keys
+			WHERE state IN ('completed', 'released') AND expires_at <= ?1
+			UNION ALL
+			SELECT rowid, expires_at FROM idem_keys
+			WHERE state = 'in_progress' AND expires_at <= ?1
+				AND NOT (locked_until <= ?1 AND lease_expired_state = 'unknown')
+		)
+		LIMIT ?2
 	)`
 
 	// listKeys is the head of KeyList; ?1 is now, the filters follow.

@@ -18,3 +18,11 @@ ALTER TABLE idem_keys ADD COLUMN reconcile_error TEXT NOT NULL DEFAULT ''
 -- Reconcilers claim the due unknown records; the backlog counts them.
 CREATE INDEX idem_keys_reconcile_idx ON idem_keys (reconcile_after, updated_at)
     WHERE state = 'unknown';
+
+-- The reaper deletes only settled records (and the rare in-progress record
+-- past its retention, found through idem_keys_sweep_idx): its index leaves
+-- out the unknown ones, which never expire, so that a backlog of them is
+-- never scanned again by every batch.
+DROP INDEX idem_keys_reap_idx;
+CREATE INDEX idem_keys_reap_idx ON idem_keys (expires_at)
+    WHERE state IN ('completed', 'released');
