@@ -136,4 +136,3 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 	}
 	return &bl, nil
 }
-
