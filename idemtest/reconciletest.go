@@ -174,6 +174,9 @@ func testPurge(t *testing.T, setup setupFunc) {
 			b.reserveNew(t, p)
 			if st == idemstore.StateCompleted {
 				b.complete(t, id, p.Token, sampleResponse())
+				// Replayed (and so cached, behind a cache) before the
+				// purge: the purge must reach every copy.
+				b.reserveExisting(t, b.params(id))
 			} else {
 				b.release(t, id, p.Token)
 			}
