@@ -265,6 +265,7 @@ func (m *Maintainer) unresolved(ctx context.Context, rec *idemstore.Record, caus
 	m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 	return nil
 }
+
 // backoff returns the delay before attempt n+1 at a record after n failed
 // attempts: between half and all of min(Base·2^(n-1), Max).
 func (m *Maintainer) backoff(n int) time.Duration {
