@@ -2,6 +2,7 @@ package idemtest
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -279,9 +280,13 @@ func testReconcileState(t *testing.T, setup setupFunc) {
 			t.Fatalf("a new unknown record has reconcile state %v %d %q, want none", fresh.ReconcileAfter, fresh.ReconcileAttempts, fresh.ReconcileError)
 		}
 
+		// Which two a claim of two picks is the store's choice (earliest
+		// ReconcileAfter first, exactly in SQL; per bucket in Redis): the
+		// suite pins down that no record is handed out twice meanwhile.
 		first := claim(t, b, 2, time.Minute)
-		if got := identities(first); len(got) != 2 || got[0] != ids[0] || got[1] != ids[1] {
-			t.Fatalf("first claim = %v, want the two oldest unknown records %v", got, ids[:2])
+		got := identities(first)
+		if len(got) != 2 || got[0] == got[1] || !slices.Contains(ids, got[0]) || !slices.Contains(ids, got[1]) {
+			t.Fatalf("first claim = %v, want two of the unknown records %v", got, ids)
 		}
 		for _, r := range first {
 			requireState(t, r, idemstore.StateUnknown)
@@ -292,8 +297,9 @@ func testReconcileState(t *testing.T, setup setupFunc) {
 				t.Fatalf("stored ReconcileAfter = %v, want %v", g.ReconcileAfter, r.ReconcileAfter)
 			}
 		}
-		if got := identities(claim(t, b, 10, time.Minute)); len(got) != 1 || got[0] != ids[2] {
-			t.Fatalf("second claim = %v, want only %v (the others are held)", got, ids[2])
+		second := identities(claim(t, b, 10, time.Minute))
+		if len(second) != 1 || slices.Contains(got, second[0]) || !slices.Contains(ids, second[0]) {
+			t.Fatalf("second claim = %v, want only the third unknown record (the others %v are held)", second, got)
 		}
 		if got := claim(t, b, 10, time.Minute); len(got) != 0 {
 			t.Fatalf("third claim = %v, want none", identities(got))
