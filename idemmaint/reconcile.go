@@ -49,6 +49,10 @@ type ReconcileResult struct {
 	// MaxAttempts is the most failed attempts any record the pass left
 	// unknown has had.
 	MaxAttempts int
+	// Backlog is the number of unknown records in the store when the pass
+	// ended (KeyBacklog), whoever reconciles them; 0 when it could not be
+	// counted.
+	Backlog int
 }
 
 // Reconcile runs one reconciliation pass: it claims the unknown records
@@ -91,7 +95,9 @@ func (m *Maintainer) reconcile(parent context.Context, every time.Duration) (res
 	if errors.Is(err, context.Canceled) && parent.Err() != nil {
 		return res, err
 	}
-	return res, errors.Join(err, m.measureBacklog(parent))
+	backlog, errBacklog := m.measureBacklog(parent)
+	res.Backlog = backlog
+	return res, errors.Join(err, errBacklog)
 }
 
 // claimAndReconcile claims and reconciles batches of due unknown records.
@@ -135,12 +141,12 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 
 // measureBacklog reads the unknown backlog from the store into Stats: the
 // store's count, so every node reports the same.
-func (m *Maintainer) measureBacklog(parent context.Context) error {
+func (m *Maintainer) measureBacklog(parent context.Context) (int, error) {
 	ctx, cancel := m.passContext(parent)
 	defer cancel()
 	b, err := m.store.KeyBacklog(ctx)
 	if err != nil {
-		return fmt.Errorf("idemmaint: counting unknown records: %w", err)
+		return 0, fmt.Errorf("idemmaint: counting unknown records: %w", err)
 	}
 	var age time.Duration
 	if !b.OldestUnknownSince.IsZero() {
@@ -151,7 +157,7 @@ func (m *Maintainer) measureBacklog(parent context.Context) error {
 		s.UnknownBacklogTruncated = false
 		s.OldestUnknown = age
 	})
-	return nil
+	return b.Unknown, nil
 }
 
 // reconcileRecord tries to settle one claimed unknown record. It returns an
