@@ -55,7 +55,8 @@ type ReconcileResult struct {
 	Backlog int
 }
 
-// Reconcile runs one reconciliation pass: it claims the unknown records
+// Reconcile runs one reconciliation pass: it sweeps the expired leases
+// (Sweep), then claims the unknown records
 // that are due (KeyReconcileClaim, BatchSize a batch, at most ScanLimit),
 // hands each one to Config.Reconcile and applies its resolution with
 // KeyResolve, fenced on the record's token, or records the failed attempt
@@ -105,6 +106,12 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 	if m.cfg.Reconcile == nil {
 		return nil
 	}
+	// Claims take records stored as unknown: turn the expired leases
+	// unknown first (a sweep pass, logged and counted as such), so that a
+	// crashed attempt is reconciled in this pass, not after the sweeper's
+	// next interval. Its failure is the sweep's (logged, counted); the
+	// claims below report the store's state.
+	_, _ = m.sweep(ctx, 0)
 	seen := make(map[idemstore.Identity]bool)
 	for {
 		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-res.Listed)
