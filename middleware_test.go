@@ -550,10 +550,12 @@ func TestExpiredLeaseBecomesUnknown(t *testing.T) {
 	if b.calls.Load() != 1 {
 		t.Fatalf("calls %d", b.calls.Load())
 	}
-	// Past retention the key is new.
+	// An unknown outcome never expires (SPEC section 2): past the
+	// retention the key is still unknown, never executed again.
 	b.clock.Advance(25 * time.Hour)
-	if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 || b.calls.Load() != 2 {
-		t.Fatalf("after retention: %d calls %d", w.Code, b.calls.Load())
+	requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "outcome-unknown")
+	if b.calls.Load() != 1 {
+		t.Fatalf("after retention: calls %d, want 1", b.calls.Load())
 	}
 }
 

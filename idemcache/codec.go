@@ -14,7 +14,7 @@ import (
 // codecVersion is the first byte of every encoded record. A cache entry of
 // another version is a miss (the store answers), so a format change needs
 // no migration.
-const codecVersion = 1
+const codecVersion = 2
 
 const (
 	flagNotReplayable = 1 << iota
@@ -39,6 +39,12 @@ func encodeRecord(dst []byte, r *idemstore.Record) []byte {
 		dst = binary.AppendUvarint(dst, uint64(t.Nanosecond()))
 	}
 	dst = binary.AppendVarint(dst, int64(r.Attempts))
+	// Version 2: the retention and the reconciliation state.
+	dst = binary.AppendVarint(dst, int64(r.TTL))
+	dst = binary.AppendVarint(dst, r.ReconcileAfter.Unix())
+	dst = binary.AppendUvarint(dst, uint64(r.ReconcileAfter.Nanosecond()))
+	dst = binary.AppendVarint(dst, int64(r.ReconcileAttempts))
+	dst = appendString(dst, r.ReconcileError)
 	var flags byte
 	if r.NotReplayable {
 		flags |= flagNotReplayable
@@ -101,6 +107,10 @@ func decodeRecord(b []byte) (*idemstore.Record, error) {
 		*t = d.time()
 	}
 	r.Attempts = int(d.varint())
+	r.TTL = time.Duration(d.varint())
+	r.ReconcileAfter = d.time()
+	r.ReconcileAttempts = int(d.varint())
+	r.ReconcileError = d.string()
 	flags := d.byte()
 	r.NotReplayable = flags&flagNotReplayable != 0
 	if flags&flagResponse != 0 {

@@ -318,3 +318,35 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
 	return s.inner.KeyList(ctx, p)
 }
+
+// KeyPurge is the wrapped store's KeyPurge, with the record's cache entry
+// removed before and after it (a purged completed record must not be
+// replayed from the cache; removing it after too drops an entry a
+// concurrent replay filled in between). The removal is best effort, as
+// every cache call: a cache that fails it is logged and bypassed for
+// Config.Backoff; call Invalidate once it is back.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	s.delete(ctx, p.Identity)
+	rec, err := s.inner.KeyPurge(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	s.delete(ctx, p.Identity)
+	return rec, nil
+}
+
+// KeyReconcileClaim is the wrapped store's KeyReconcileClaim (unknown
+// records only: never cached).
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	return s.inner.KeyReconcileClaim(ctx, p)
+}
+
+// KeyReconcileFail is the wrapped store's KeyReconcileFail.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	return s.inner.KeyReconcileFail(ctx, p)
+}
+
+// KeyBacklog is the wrapped store's KeyBacklog.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	return s.inner.KeyBacklog(ctx)
+}

@@ -296,3 +296,37 @@ func (s *Store) Invalidate(ctx context.Context, id idemstore.Identity) error {
 	}
 	return nil
 }
+
+// KeyPurge is the wrapped store's KeyPurge, the purged record's response
+// opened. A purge does not depend on the keys: a record whose response does
+// not open is purged all the same and returned sealed.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	rec, err := s.inner.KeyPurge(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if o, err := s.open(rec); err == nil {
+		return o, nil
+	}
+	return rec, nil
+}
+
+// KeyReconcileClaim is the wrapped store's KeyReconcileClaim (unknown
+// records carry no response), responses opened.
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	recs, err := s.inner.KeyReconcileClaim(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return s.openAll(recs)
+}
+
+// KeyReconcileFail is the wrapped store's KeyReconcileFail.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	return s.inner.KeyReconcileFail(ctx, p)
+}
+
+// KeyBacklog is the wrapped store's KeyBacklog.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	return s.inner.KeyBacklog(ctx)
+}

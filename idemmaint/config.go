@@ -35,9 +35,9 @@ type Config struct {
 	// BatchSize bounds the records one store call sweeps, reaps or lists.
 	// Defaults to 1000.
 	BatchSize int
-	// ScanLimit bounds the records one reconciliation pass lists (the
-	// unknown backlog it looks at) and the in_progress records it inspects
-	// to measure Stats.OldestInProgress. Defaults to 10000.
+	// ScanLimit bounds the unknown records one reconciliation pass claims
+	// and the in_progress records it inspects to measure
+	// Stats.OldestInProgress. Defaults to 10000.
 	ScanLimit int
 	// PassTimeout bounds each pass of each job; a pass that runs out of time
 	// stops and the next one carries on. Defaults to 30 seconds.
@@ -53,12 +53,15 @@ type Config struct {
 	// happened (idem.DeriveKey). It returns StateCompleted (with the
 	// response to replay, or nil for a record that is not replayable) or
 	// StateReleased, or an empty Resolution when it cannot tell yet; an
-	// error or a panic counts as unresolved. It is called from one
-	// goroutine, one record at a time, with the pass's context. Defaults to
-	// nil: unknown records are only counted (Stats.UnknownBacklog), never
-	// resolved.
+	// error or a panic counts as unresolved, and is stored on the record
+	// (Record.ReconcileError) with the next attempt's time. It is called
+	// from one goroutine, one record at a time, with the pass's context, for
+	// records the pass claimed in the store: maintainers sharing a store
+	// never ask about the same record at once. Defaults to nil: unknown
+	// records are only counted (Stats.UnknownBacklog), never resolved.
 	Reconcile func(ctx context.Context, rec *idemstore.Record) (Resolution, error)
-	// ReconcileBackoff spaces the attempts at an unresolved record.
+	// ReconcileBackoff spaces the attempts at an unresolved record; the
+	// next attempt's time is kept in the store (Record.ReconcileAfter).
 	// Defaults to a Base of 30 seconds and a Max of 1 hour.
 	ReconcileBackoff Backoff
 

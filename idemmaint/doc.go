@@ -4,7 +4,8 @@
 //   - The sweeper turns in_progress records whose lease expired into their
 //     lease-expired state (unknown, or released in transactional mode) and
 //     logs each one.
-//   - The reaper deletes records past their retention in bounded batches, one
+//   - The reaper deletes settled records past their retention (never an
+//     unknown one) in bounded batches, one
 //     statement per batch, so live traffic is never blocked behind a long
 //     delete.
 //   - The reconciler hands every unknown record to a function the
@@ -16,6 +17,10 @@
 //     HTTPReconciler is such a function for any HTTP API with a lookup by
 //     key: it GETs a URLTemplate filled in with the record's key (2xx
 //     completed with that answer, 404/410 released, anything else unknown).
+//     The reconciliation state lives in the store: each pass claims the due
+//     records (KeyReconcileClaim) and records every failed attempt with its
+//     error and next time (KeyReconcileFail), so a restarted process or
+//     another node carries on where the last one stopped.
 //
 // Library users run a Maintainer in their own process:
 //
@@ -26,13 +31,16 @@
 // The three jobs run independently, each on its own interval, with a
 // timeout and bounded batches per pass; RunOnce runs one pass of each (for a
 // cron-style "maintain --once"). Several maintainers may run against one
-// shared store: sweeping, reaping and resolving are atomic store operations
-// and resolutions are fenced on the record's token, so a record settled by
-// one maintainer is skipped by the others (the loser logs it at info).
+// shared store: sweeping, reaping and resolving are atomic store operations,
+// a record is claimed by one reconciler at a time (for the pass), and
+// resolutions are fenced on the record's token, so a record settled by one
+// maintainer is skipped by the others (the loser logs it at info).
 //
 // Stats returns counters and gauges for metrics: totals swept, reaped and
-// reconciled, the unknown backlog, the unresolved records and the age of the
-// oldest in-progress attempt.
+// reconciled, attempts scheduled again, the unknown backlog and the age of
+// the oldest unknown record (both counted in the store, so every node reports
+// the same), the unresolved records and the age of the oldest in-progress
+// attempt.
 //
 // Logs never carry a raw idempotency key: records are named by key_hash, a
 // short SHA-256 of their scope, endpoint and key (the same hash the

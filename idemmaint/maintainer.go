@@ -24,12 +24,6 @@ type Maintainer struct {
 	// sweepMu, reapMu and reconcileMu serialise the passes of each job.
 	sweepMu, reapMu sync.Mutex
 	reconcileMu     sync.Mutex
-	// pending holds the backoff of the unknown records the reconciler could
-	// not resolve yet. Guarded by reconcileMu.
-	pending map[idemstore.Identity]*pendingRecord
-	// generation numbers the reconciliation passes, to forget records that a
-	// complete pass no longer lists. Guarded by reconcileMu.
-	generation uint64
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -56,22 +50,29 @@ type Stats struct {
 	// ReconcileErrors counts the calls of Config.Reconcile that failed,
 	// panicked or returned an invalid resolution.
 	ReconcileErrors int64
+	// ReconcileScheduled counts the attempts that left a record unknown and
+	// scheduled its next attempt, after a backoff, in the store.
+	ReconcileScheduled int64
 	// PassErrors counts the passes of any job that ended with an error
 	// (store unavailable, pass timeout).
 	PassErrors int64
 
-	// Unresolved is the number of unknown records the reconciler tried and
-	// could not resolve yet (waiting for their next attempt).
+	// Unresolved is the number of unknown records the last reconciliation
+	// pass tried and could not resolve (waiting for their next attempt).
 	Unresolved int
-	// MaxAttempts is the most attempts any of those records has had.
+	// MaxAttempts is the most failed attempts any of those records has had.
 	MaxAttempts int
-	// UnknownBacklog is the number of unknown records the last complete
-	// reconciliation pass listed and left unknown (it lists at most
-	// Config.ScanLimit).
+	// UnknownBacklog is the number of unknown records in the store, counted
+	// by the store (KeyBacklog) at the end of the last reconciliation pass:
+	// every maintainer on the store reports the same.
 	UnknownBacklog int
-	// UnknownBacklogTruncated reports that the listing stopped at
-	// Config.ScanLimit: the backlog is at least UnknownBacklog.
+	// UnknownBacklogTruncated is always false: the backlog is counted in
+	// the store, not listed up to a limit. It is kept for compatibility.
 	UnknownBacklogTruncated bool
+	// OldestUnknown is the age (on Config.Now) of the oldest unknown record
+	// in the store, since it turned unknown, as of the last reconciliation
+	// pass; zero when there is none.
+	OldestUnknown time.Duration
 	// OldestInProgress is the age (since StartedAt) of the oldest
 	// in_progress record with a live lease, among the first
 	// Config.ScanLimit listed; zero when there is none. It is measured
@@ -86,9 +87,8 @@ type Stats struct {
 // New returns a Maintainer for store. cfg may be nil.
 func New(store idemstore.Store, cfg *Config) *Maintainer {
 	return &Maintainer{
-		store:   store,
-		cfg:     cfg.withDefaults(),
-		pending: make(map[idemstore.Identity]*pendingRecord),
+		store: store,
+		cfg:   cfg.withDefaults(),
 	}
 }
 

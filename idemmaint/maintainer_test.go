@@ -53,7 +53,9 @@ func TestStartStop(t *testing.T) {
 	b := &bundle{store: idemmem.New(&idemmem.Config{Now: clock.Now}), clock: clock, ctx: context.Background(), logs: &logBuffer{}}
 	b.spy = &spyStore{Store: b.store}
 	for i := range 5 {
-		b.reserve(t, idemstore.ReserveParams{Identity: id(i), TTL: time.Minute})
+		// Released when their lease expires, so that the reaper may delete
+		// them (an unknown record is never reaped).
+		b.reserve(t, idemstore.ReserveParams{Identity: id(i), TTL: time.Minute, LeaseExpiredState: idemstore.StateReleased})
 	}
 	b.unknown(t, id(10))
 	clock.Advance(testLease)

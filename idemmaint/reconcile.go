@@ -25,45 +25,49 @@ type Resolution struct {
 
 // ReconcileResult counts what one reconciliation pass did.
 type ReconcileResult struct {
-	// Listed is the number of unknown records the pass listed (at most
-	// Config.ScanLimit); Truncated reports that it stopped at that limit.
+	// Listed is the number of unknown records the pass claimed from the
+	// store (at most Config.ScanLimit); Truncated reports that it stopped
+	// at that limit.
 	Listed    int
 	Truncated bool
-	// Deferred counts the records skipped because their backoff has not
-	// passed yet.
+	// Deferred counts the records a claim returned that this pass had
+	// already tried (their backoff is shorter than the pass): they are
+	// left for the next pass, and the pass ends.
 	Deferred int
 	// Attempted counts the calls of Config.Reconcile.
 	Attempted int
 	// Completed and Released count the records settled to each state.
 	Completed, Released int
 	// Lost counts the records someone else settled, took over or deleted
-	// between the listing and the resolution.
+	// between the claim and the resolution.
 	Lost int
 	// Unresolved counts the attempts that left the record unknown (no
-	// resolution, an error, a panic or an invalid resolution); Errors
-	// counts the ones among them that failed.
+	// resolution, an error, a panic or an invalid resolution), each of them
+	// scheduled again in the store after a backoff; Errors counts the ones
+	// among them that failed.
 	Unresolved, Errors int
+	// MaxAttempts is the most failed attempts any record the pass left
+	// unknown has had.
+	MaxAttempts int
+	// Backlog is the number of unknown records in the store when the pass
+	// ended (KeyBacklog), whoever reconciles them; 0 when it could not be
+	// counted.
+	Backlog int
 }
 
-// pendingRecord is the backoff state of an unknown record the reconciler
-// could not resolve yet.
-type pendingRecord struct {
-	// token is the record's token when it was tried: a record with the same
-	// identity and another token is another attempt and starts afresh.
-	token    string
-	attempts int
-	next     time.Time
-	// seen is the generation of the last pass that listed the record.
-	seen uint64
-}
-
-// Reconcile runs one reconciliation pass: it lists the unknown records
-// (KeyList, BatchSize a page, at most ScanLimit), hands each one whose
-// backoff has passed to Config.Reconcile and applies its resolution with
-// KeyResolve, fenced on the record's token. Without Config.Reconcile it only
-// counts the backlog. The error reports a failed listing or resolution
-// (store unavailable) or the pass's timeout; unresolved records are not
-// errors, they are counted in the result.
+// Reconcile runs one reconciliation pass: it sweeps the expired leases
+// (Sweep), then claims the unknown records
+// that are due (KeyReconcileClaim, BatchSize a batch, at most ScanLimit),
+// hands each one to Config.Reconcile and applies its resolution with
+// KeyResolve, fenced on the record's token, or records the failed attempt
+// and its backoff in the store (KeyReconcileFail). The claim holds each
+// record for PassTimeout, so maintainers sharing a store never ask about
+// the same record at once, and the state in the store lets any of them, or
+// a restarted one, carry on. Without Config.Reconcile it only measures the
+// backlog. Every pass ends by reading the backlog from the store (KeyBacklog)
+// for Stats. The error reports a failed claim, resolution or count (store
+// unavailable) or the pass's timeout; unresolved records are not errors,
+// they are counted in the result.
 func (m *Maintainer) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	return m.reconcile(ctx, 0)
 }
@@ -73,90 +77,106 @@ func (m *Maintainer) reconcile(parent context.Context, every time.Duration) (res
 	defer m.reconcileMu.Unlock()
 	ctx, cancel := m.passContext(parent)
 	defer cancel()
-	m.generation++
 	defer func() {
-		complete := err == nil && !res.Truncated
-		if complete {
-			// Forget the records no longer unknown (settled elsewhere, or
-			// expired and reaped) so that pending stays bounded.
-			for id, p := range m.pending {
-				if p.seen != m.generation {
-					delete(m.pending, id)
-				}
-			}
-		}
-		maxAttempts := 0
-		for _, p := range m.pending {
-			maxAttempts = max(maxAttempts, p.attempts)
-		}
 		m.updateStats(func(s *Stats) {
 			s.Completed += int64(res.Completed)
 			s.Released += int64(res.Released)
 			s.Lost += int64(res.Lost)
 			s.ReconcileErrors += int64(res.Errors)
-			s.Unresolved = len(m.pending)
-			s.MaxAttempts = maxAttempts
-			if err == nil {
-				s.UnknownBacklog = res.Listed - res.Completed - res.Released - res.Lost
-				s.UnknownBacklogTruncated = res.Truncated
-			}
+			s.ReconcileScheduled += int64(res.Unresolved)
+			s.Unresolved = res.Unresolved
+			s.MaxAttempts = res.MaxAttempts
 		})
 		m.endPass(parent, "reconcile", res.Completed+res.Released, err, func(s *Stats, now time.Time) { s.LastReconcile = now })
 		if m.cfg.OnReconcile != nil {
 			m.cfg.OnReconcile(res, err)
 		}
 	}()
+	err = m.claimAndReconcile(ctx, every, &res)
+	if errors.Is(err, context.Canceled) && parent.Err() != nil {
+		return res, err
+	}
+	backlog, errBacklog := m.measureBacklog(parent)
+	res.Backlog = backlog
+	return res, errors.Join(err, errBacklog)
+}
 
-	var after *idemstore.Identity
+// claimAndReconcile claims and reconciles batches of due unknown records.
+func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration, res *ReconcileResult) error {
+	if m.cfg.Reconcile == nil {
+		return nil
+	}
+	// Claims take records stored as unknown: turn the expired leases
+	// unknown first (a sweep pass, logged and counted as such), so that a
+	// crashed attempt is reconciled in this pass, not after the sweeper's
+	// next interval. Its failure is the sweep's (logged, counted); the
+	// claims below report the store's state.
+	_, _ = m.sweep(ctx, 0)
+	seen := make(map[idemstore.Identity]bool)
 	for {
 		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-res.Listed)
-		page, err := m.store.KeyList(ctx, &idemstore.ListParams{State: idemstore.StateUnknown, After: after, Limit: limit})
+		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: m.cfg.PassTimeout})
 		if err != nil {
-			return res, fmt.Errorf("idemmaint: listing unknown records: %w", err)
+			return fmt.Errorf("idemmaint: claiming unknown records: %w", err)
 		}
-		res.Listed += len(page)
-		for _, rec := range page {
-			if err := m.reconcileRecord(ctx, rec, &res); err != nil {
-				return res, err
+		res.Listed += len(batch)
+		again := false
+		for _, rec := range batch {
+			if seen[rec.Identity] {
+				// Due again within this pass: the next pass asks.
+				res.Deferred++
+				again = true
+				continue
+			}
+			seen[rec.Identity] = true
+			if err := m.reconcileRecord(ctx, rec, res); err != nil {
+				return err
 			}
 		}
-		if len(page) < limit {
-			return res, nil
+		if again || len(batch) < limit {
+			return nil
 		}
 		if res.Listed >= m.cfg.ScanLimit {
 			res.Truncated = true
-			return res, nil
+			return nil
 		}
-		after = &page[len(page)-1].Identity
 		if !pause(ctx, every) {
-			return res, fmt.Errorf("idemmaint: listing unknown records: %w", ctx.Err())
+			return fmt.Errorf("idemmaint: claiming unknown records: %w", ctx.Err())
 		}
 	}
 }
 
-// reconcileRecord tries to settle one unknown record if it is due. It
-// returns an error only when the pass must stop: its context is done, or the
-// store failed to apply a resolution.
+// measureBacklog reads the unknown backlog from the store into Stats: the
+// store's count, so every node reports the same.
+func (m *Maintainer) measureBacklog(parent context.Context) (int, error) {
+	ctx, cancel := m.passContext(parent)
+	defer cancel()
+	b, err := m.store.KeyBacklog(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("idemmaint: counting unknown records: %w", err)
+	}
+	var age time.Duration
+	if !b.OldestUnknownSince.IsZero() {
+		age = max(m.cfg.Now().Sub(b.OldestUnknownSince), 0)
+	}
+	m.updateStats(func(s *Stats) {
+		s.UnknownBacklog = b.Unknown
+		s.UnknownBacklogTruncated = false
+		s.OldestUnknown = age
+	})
+	return b.Unknown, nil
+}
+
+// reconcileRecord tries to settle one claimed unknown record. It returns an
+// error only when the pass must stop: its context is done, or the store
+// failed to apply a resolution.
 func (m *Maintainer) reconcileRecord(ctx context.Context, rec *idemstore.Record, res *ReconcileResult) error {
-	if m.cfg.Reconcile == nil {
-		return nil
-	}
-	p := m.pending[rec.Identity]
-	if p != nil && p.token != rec.Token {
-		p = nil // another attempt on the same identity
-	}
-	if p != nil {
-		p.seen = m.generation
-		if m.cfg.Now().Before(p.next) {
-			res.Deferred++
-			return nil
-		}
-	}
 	res.Attempted++
 	resolution, err := m.callReconcile(ctx, rec)
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		// The pass ran out of time or was stopped while the reconciler was
-		// asking: its answer does not count against the record.
+		// asking: its answer does not count against the record, which the
+		// claim holds until the hold ends.
 		return fmt.Errorf("idemmaint: reconciling: %w", ctxErr)
 	}
 	if err == nil {
@@ -168,8 +188,7 @@ func (m *Maintainer) reconcileRecord(ctx context.Context, rec *idemstore.Record,
 			err = fmt.Errorf("invalid resolution state %q: want %q, %q or empty", resolution.State, idemstore.StateCompleted, idemstore.StateReleased)
 		}
 	}
-	m.unresolved(rec, p, err, res)
-	return nil
+	return m.unresolved(ctx, rec, err, res)
 }
 
 // callReconcile calls Config.Reconcile, turning a panic into an error: a
@@ -181,6 +200,13 @@ func (m *Maintainer) callReconcile(ctx context.Context, rec *idemstore.Record) (
 		}
 	}()
 	return m.cfg.Reconcile(ctx, rec)
+}
+
+// settledElsewhere reports whether err from a fenced write means that
+// someone else (another maintainer, an operator, a late completion) settled
+// the record first, or it is gone: its state is theirs, not ours.
+func settledElsewhere(err error) bool {
+	return errors.Is(err, idemstore.ErrLeaseLost) || errors.Is(err, idemstore.ErrInvalidState) || errors.Is(err, idemstore.ErrNotFound)
 }
 
 // resolve applies a resolution with KeyResolve, fenced on the record's
@@ -195,7 +221,6 @@ func (m *Maintainer) resolve(ctx context.Context, rec *idemstore.Record, r Resol
 	attrs := append(recordAttrs(rec), slog.String("state", string(r.State)))
 	switch {
 	case err == nil:
-		delete(m.pending, rec.Identity)
 		if r.State == idemstore.StateCompleted {
 			res.Completed++
 		} else {
@@ -203,11 +228,7 @@ func (m *Maintainer) resolve(ctx context.Context, rec *idemstore.Record, r Resol
 		}
 		m.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idemmaint: unknown outcome reconciled", attrs...)
 		return nil
-	case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrInvalidState), errors.Is(err, idemstore.ErrNotFound):
-		// Someone else (another maintainer, an operator, a late
-		// completion) settled the record first, or it expired: its state
-		// is theirs, not ours.
-		delete(m.pending, rec.Identity)
+	case settledElsewhere(err):
 		res.Lost++
 		m.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idemmaint: unknown record already settled elsewhere; resolution dropped",
 			append(attrs, slog.String("reason", err.Error()))...)
@@ -217,29 +238,45 @@ func (m *Maintainer) resolve(ctx context.Context, rec *idemstore.Record, r Resol
 	}
 }
 
-// unresolved schedules the next attempt at a record the reconciler could not
-// settle, and surfaces it.
-func (m *Maintainer) unresolved(rec *idemstore.Record, p *pendingRecord, err error, res *ReconcileResult) {
-	if p == nil {
-		p = &pendingRecord{token: rec.Token}
-		m.pending[rec.Identity] = p
+// unresolved records in the store an attempt that could not settle the
+// record, with the backoff before the next one, and surfaces it.
+func (m *Maintainer) unresolved(ctx context.Context, rec *idemstore.Record, cause error, res *ReconcileResult) error {
+	attempts := rec.ReconcileAttempts + 1
+	delay := m.backoff(attempts)
+	var text string
+	if cause != nil {
+		text = cause.Error()
 	}
-	p.seen = m.generation
-	p.attempts++
-	delay := m.backoff(p.attempts)
-	p.next = m.cfg.Now().Add(delay)
+	err := m.store.KeyReconcileFail(ctx, &idemstore.ReconcileFailParams{
+		Identity: rec.Identity,
+		Token:    rec.Token,
+		Error:    text,
+		Delay:    delay,
+	})
+	attrs := recordAttrs(rec)
+	switch {
+	case err == nil:
+	case settledElsewhere(err):
+		res.Lost++
+		m.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idemmaint: unknown record settled elsewhere while it was reconciled", attrs...)
+		return nil
+	default:
+		return fmt.Errorf("idemmaint: recording a reconciliation attempt: %w", err)
+	}
 	res.Unresolved++
-	attrs := append(recordAttrs(rec),
-		slog.Int("attempts", p.attempts),
+	res.MaxAttempts = max(res.MaxAttempts, attempts)
+	attrs = append(attrs,
+		slog.Int("attempts", attempts),
 		slog.Duration("next_attempt_in", delay),
 		slog.Time("unknown_since", rec.UpdatedAt))
 	msg := "idemmaint: unknown outcome still unresolved"
-	if err != nil {
+	if cause != nil {
 		res.Errors++
 		msg = "idemmaint: reconciler failed; unknown outcome unresolved"
-		attrs = append(attrs, slog.Any("error", err))
+		attrs = append(attrs, slog.Any("error", cause))
 	}
-	m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+	m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	return nil
 }
 
 // backoff returns the delay before attempt n+1 at a record after n failed

@@ -58,7 +58,7 @@ func TestReconcileCompleted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Reconcile: %v", err)
 		}
-		if want := (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}); res != want {
+		if want := (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}); withoutBacklog(res) != want {
 			t.Fatalf("Reconcile = %+v, want %+v", res, want)
 		}
 		if len(f.asked) != 1 || f.asked[0].Identity != id(1) || f.asked[0].Token != unknown.Token || f.asked[0].State != idemstore.StateUnknown {
@@ -79,7 +79,7 @@ func TestReconcileCompleted(t *testing.T) {
 		b.requireState(t, id(2), idemstore.StateInProgress)
 
 		// Nothing is left to do.
-		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{}) {
+		if res, err := m.Reconcile(b.ctx); err != nil || withoutBacklog(res) != (ReconcileResult{}) {
 			t.Fatalf("second Reconcile = %+v, %v; want nothing listed", res, err)
 		}
 		if len(hooked) != 2 || hooked[0].Completed != 1 {
@@ -105,7 +105,7 @@ func TestReconcileReleased(t *testing.T) {
 		f := &fixed{r: Resolution{State: idemstore.StateReleased}}
 		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Released: 1}) {
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Released: 1}) {
 			t.Fatalf("Reconcile = %+v, %v", res, err)
 		}
 		b.requireState(t, id(1), idemstore.StateReleased)
@@ -156,15 +156,20 @@ func TestReconcileBackoff(t *testing.T) {
 		pass := func(want ReconcileResult) {
 			t.Helper()
 			res, err := m.Reconcile(b.ctx)
-			if err != nil || res != want {
+			if err != nil || withoutBacklog(res) != want {
 				t.Fatalf("at +%v: Reconcile = %+v, %v; want %+v", b.clock.Now().Sub(t0), res, err, want)
 			}
 		}
-		attempted := ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1}
-		deferred := ReconcileResult{Listed: 1, Deferred: 1}
+		attempted := ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1, MaxAttempts: 2}
+		// A record in its backoff is not claimed at all: the store holds
+		// it back.
+		deferred := ReconcileResult{}
 
 		// Attempt 1 fails; the next is due 15 to 30 seconds later.
-		pass(ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1, Errors: 1})
+		pass(ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1, Errors: 1, MaxAttempts: 1})
+		if r := b.requireState(t, id(1), idemstore.StateUnknown); r.ReconcileAttempts != 1 || r.ReconcileError != "downstream unavailable" {
+			t.Fatalf("stored reconcile state %d %q, want 1 and the error", r.ReconcileAttempts, r.ReconcileError)
+		}
 		if s := m.Stats(); s.Unresolved != 1 || s.MaxAttempts != 1 || s.ReconcileErrors != 1 || s.UnknownBacklog != 1 {
 			t.Fatalf("Stats after a failed attempt = %+v", s)
 		}
@@ -249,7 +254,7 @@ func TestReconcileRaceResolvedElsewhere(t *testing.T) {
 		}
 		m := b.newMaintainer(&Config{Reconcile: reconcile})
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
 			t.Fatalf("Reconcile = %+v, %v; want the resolution lost", res, err)
 		}
 		b.requireState(t, id(1), idemstore.StateReleased)
@@ -285,7 +290,7 @@ func TestReconcileRaceStaleToken(t *testing.T) {
 		}
 		m := b.newMaintainer(&Config{Reconcile: reconcile})
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Lost: 1}) {
 			t.Fatalf("Reconcile = %+v, %v; want the stale resolution lost", res, err)
 		}
 		if rec := b.requireState(t, id(1), idemstore.StateUnknown); rec.Token != second.Token || second.Token == first.Token {
@@ -293,7 +298,7 @@ func TestReconcileRaceStaleToken(t *testing.T) {
 		}
 		// The next pass reconciles the new attempt on its own token.
 		res, err = m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}) {
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Completed: 1}) {
 			t.Fatalf("second Reconcile = %+v, %v", res, err)
 		}
 		if len(asked) != 2 || asked[0] != first.Token || asked[1] != second.Token {
@@ -362,7 +367,7 @@ func TestReconcileFaultyReconciler(t *testing.T) {
 		}
 		m := b.newMaintainer(&Config{Reconcile: reconcile})
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 2, Attempted: 2, Unresolved: 2, Errors: 2}) {
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 2, Attempted: 2, Unresolved: 2, Errors: 2, MaxAttempts: 1}) {
 			t.Fatalf("Reconcile = %+v, %v", res, err)
 		}
 		b.requireState(t, id(1), idemstore.StateUnknown)
@@ -378,28 +383,42 @@ func TestReconcileFaultyReconciler(t *testing.T) {
 	})
 }
 
-// TestReconcileForgetsSettledRecords: a record in backoff that someone else
-// settles is dropped from the pending set by the next complete pass.
-func TestReconcileForgetsSettledRecords(t *testing.T) {
+// TestReconcileStateSurvivesRestart: the backoff and the attempts live in the
+// store, so a new Maintainer (a restarted process, another node) carries on
+// where the last one stopped; a record someone else settles is not asked
+// about again.
+func TestReconcileStateSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, b *bundle) {
 		rec := b.unknown(t, id(1))
+		b.unknown(t, id(2))
 		f := &fixed{}
-		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
-		if res, err := m.Reconcile(b.ctx); err != nil || res.Unresolved != 1 {
+		backoff := Backoff{Base: time.Minute, Max: time.Hour}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile, ReconcileBackoff: backoff})
+		if res, err := m.Reconcile(b.ctx); err != nil || res.Unresolved != 2 {
 			t.Fatalf("Reconcile = %+v, %v", res, err)
-		}
-		if s := m.Stats(); s.Unresolved != 1 {
-			t.Fatalf("Stats = %+v, want 1 unresolved", s)
 		}
 		if err := b.store.KeyResolve(b.ctx, &idemstore.ResolveParams{Identity: id(1), Token: rec.Token, To: idemstore.StateReleased}); err != nil {
 			t.Fatalf("KeyResolve: %v", err)
 		}
-		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{}) {
-			t.Fatalf("Reconcile = %+v, %v", res, err)
+
+		restarted := b.newMaintainer(&Config{Reconcile: f.reconcile, ReconcileBackoff: backoff})
+		if res, err := restarted.Reconcile(b.ctx); err != nil || withoutBacklog(res) != (ReconcileResult{}) {
+			t.Fatalf("Reconcile by a restarted maintainer within the backoff = %+v, %v; want nothing asked", res, err)
 		}
-		if s := m.Stats(); s.Unresolved != 0 || s.MaxAttempts != 0 || len(m.pending) != 0 {
-			t.Fatalf("Stats = %+v, pending %d; want the settled record forgotten", s, len(m.pending))
+		if res, err := restarted.Reconcile(b.ctx); err != nil || res.Backlog != 1 {
+			t.Fatalf("Reconcile = %+v, %v; want a backlog of 1", res, err)
+		}
+		if s := restarted.Stats(); s.UnknownBacklog != 1 {
+			t.Fatalf("Stats = %+v, want a backlog of 1 read from the store", s)
+		}
+		b.clock.Advance(time.Minute)
+		res, err := restarted.Reconcile(b.ctx)
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Unresolved: 1, MaxAttempts: 2}) {
+			t.Fatalf("Reconcile after the backoff = %+v, %v; want the second attempt at id 2 only", res, err)
+		}
+		if f.calls() != 3 || f.asked[2].Identity != id(2) || f.asked[2].ReconcileAttempts != 1 {
+			t.Fatalf("asked %d times, last about %+v", f.calls(), f.asked[len(f.asked)-1].Identity)
 		}
 	})
 }
@@ -413,19 +432,14 @@ func TestReconcileWithoutReconciler(t *testing.T) {
 			b.unknown(t, id(i))
 		}
 		m := b.newMaintainer(&Config{BatchSize: 2, ScanLimit: 5})
+		b.clock.Advance(time.Minute)
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 5, Truncated: true}) {
-			t.Fatalf("Reconcile = %+v, %v; want 5 listed, truncated", res, err)
+		if err != nil || withoutBacklog(res) != (ReconcileResult{}) {
+			t.Fatalf("Reconcile = %+v, %v; want nothing claimed", res, err)
 		}
-		if s := m.Stats(); s.UnknownBacklog != 5 || !s.UnknownBacklogTruncated {
-			t.Fatalf("Stats = %+v; want a truncated backlog of 5", s)
-		}
-		m = b.newMaintainer(&Config{BatchSize: 2, ScanLimit: 100})
-		if res, err := m.Reconcile(b.ctx); err != nil || res != (ReconcileResult{Listed: 7}) {
-			t.Fatalf("Reconcile = %+v, %v; want 7 listed", res, err)
-		}
-		if s := m.Stats(); s.UnknownBacklog != 7 || s.UnknownBacklogTruncated {
-			t.Fatalf("Stats = %+v; want a backlog of 7", s)
+		// The backlog is the store's count, not bounded by ScanLimit.
+		if s := m.Stats(); s.UnknownBacklog != 7 || s.UnknownBacklogTruncated || s.OldestUnknown != time.Minute {
+			t.Fatalf("Stats = %+v; want a backlog of 7, the oldest a minute old", s)
 		}
 		for i := range 7 {
 			b.requireState(t, id(i), idemstore.StateUnknown)
@@ -459,9 +473,9 @@ func TestReconcilePassTimeout(t *testing.T) {
 	})
 }
 
-// TestReconcileUnsweptLease: the jobs run independently, so the reconciler
-// may list an expired lease the sweeper has not reached yet; stores report it
-// unknown and resolve it like a swept one.
+// TestReconcileUnsweptLease: the jobs run independently, so a reconciliation
+// pass may come before the sweeper reached an expired lease; it sweeps first
+// and reconciles the record in the same pass.
 func TestReconcileUnsweptLease(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, b *bundle) {
@@ -470,9 +484,121 @@ func TestReconcileUnsweptLease(t *testing.T) {
 		f := &fixed{r: Resolution{State: idemstore.StateReleased}}
 		m := b.newMaintainer(&Config{Reconcile: f.reconcile})
 		res, err := m.Reconcile(b.ctx)
-		if err != nil || res != (ReconcileResult{Listed: 1, Attempted: 1, Released: 1}) {
+		if s := m.Stats(); s.Swept != 1 {
+			t.Fatalf("Stats = %+v, want the lease swept by the reconciliation pass", s)
+		}
+		if err != nil || withoutBacklog(res) != (ReconcileResult{Listed: 1, Attempted: 1, Released: 1}) {
 			t.Fatalf("Reconcile = %+v, %v", res, err)
 		}
 		b.requireState(t, id(1), idemstore.StateReleased)
 	})
+}
+
+// TestReconcileSeveralMaintainers runs the passes of several maintainers on
+// one store at the same time: the store's claims hand every due record to
+// one of them, so the reconciler is asked about each record once per pass,
+// whichever maintainer asks. Those that settle records settle each once.
+func TestReconcileSeveralMaintainers(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		const (
+			records     = 120
+			maintainers = 4
+		)
+		for i := range records {
+			b.unknown(t, id(i))
+		}
+		var (
+			mu    sync.Mutex
+			asked = map[idemstore.Identity]int{}
+		)
+		settle := false
+		reconcile := func(_ context.Context, rec *idemstore.Record) (Resolution, error) {
+			mu.Lock()
+			asked[rec.Identity]++
+			mu.Unlock()
+			if settle {
+				return Resolution{State: idemstore.StateReleased}, nil
+			}
+			return Resolution{}, errors.New("the downstream does not know yet")
+		}
+		ms := make([]*Maintainer, maintainers)
+		for i := range ms {
+			ms[i] = b.newMaintainer(&Config{Reconcile: reconcile, BatchSize: 7, ReconcileBackoff: Backoff{Base: time.Hour, Max: time.Hour}})
+		}
+		pass := func() []ReconcileResult {
+			t.Helper()
+			mu.Lock()
+			clear(asked)
+			mu.Unlock()
+			results := make([]ReconcileResult, maintainers)
+			errs := make([]error, maintainers)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i, m := range ms {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					results[i], errs[i] = m.Reconcile(b.ctx)
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("Reconcile: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range records {
+				if asked[id(i)] != 1 {
+					t.Fatalf("record %d asked about %d times in one pass of %d maintainers, want once", i, asked[id(i)], maintainers)
+				}
+			}
+			attempted := 0
+			for _, r := range results {
+				attempted += r.Attempted
+			}
+			if attempted != records {
+				t.Fatalf("%d attempts in all, want %d: %+v", attempted, records, results)
+			}
+			return results
+		}
+
+		pass()
+		for i := range records {
+			if r := b.get(t, id(i)); r.State != idemstore.StateUnknown || r.ReconcileAttempts != 1 {
+				t.Fatalf("record %d: %s with %d attempts, want unknown with 1", i, r.State, r.ReconcileAttempts)
+			}
+		}
+		b.clock.Advance(time.Hour)
+		settle = true
+		released := 0
+		for _, r := range pass() {
+			released += r.Released
+			if r.Lost != 0 {
+				t.Fatalf("a maintainer lost %d resolutions to another: %+v", r.Lost, r)
+			}
+		}
+		if released != records {
+			t.Fatalf("released %d records, want %d", released, records)
+		}
+		// Each measured the store's backlog as its own pass ended; once all
+		// have ended, every one of them reads the same: empty.
+		for _, m := range ms {
+			if res, err := m.Reconcile(b.ctx); err != nil || withoutBacklog(res) != (ReconcileResult{}) {
+				t.Fatalf("Reconcile after all settled = %+v, %v", res, err)
+			}
+			if s := m.Stats(); s.UnknownBacklog != 0 || s.OldestUnknown != 0 {
+				t.Fatalf("Stats = %+v, want an empty backlog", s)
+			}
+		}
+	})
+}
+
+// withoutBacklog is r with Backlog zeroed, for tests that compare what a
+// pass did; the tests of the backlog check it on its own.
+func withoutBacklog(r ReconcileResult) ReconcileResult {
+	r.Backlog = 0
+	return r
 }

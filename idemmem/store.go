@@ -71,14 +71,28 @@ func New(cfg *Config) *Store {
 	}
 }
 
-// live returns the stored record of id unless it is missing or past its
-// ExpiresAt. The caller holds s.mu.
+// live returns the stored record of id unless it is missing or expired
+// (idemstore.Record.Expired: never an unknown one). The caller holds s.mu.
 func (s *Store) live(id idemstore.Identity, now time.Time) *idemstore.Record {
 	r := s.records[id]
-	if r == nil || !now.Before(r.ExpiresAt) {
+	if r == nil || r.Expired(now) {
 		return nil
 	}
 	return r
+}
+
+// isUnknown reports whether r is unknown at now, stored so or as an expired
+// lease that turns unknown.
+func isUnknown(r *idemstore.Record, now time.Time) bool {
+	return r.State == idemstore.StateUnknown || (r.LeaseExpired(now) && leaseExpiredState(r) == idemstore.StateUnknown)
+}
+
+// settle restarts the retention of r when it leaves unknown. The caller
+// holds s.mu and changes r's state next.
+func settle(r *idemstore.Record, now time.Time) {
+	if isUnknown(r, now) {
+		r.ExpiresAt = now.Add(r.TTL)
+	}
 }
 
 // changed wakes the waiters of id. The caller holds s.mu.
@@ -124,6 +138,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			CreatedAt:         now,
 			UpdatedAt:         now,
 			ExpiresAt:         now.Add(p.TTL),
+			TTL:               p.TTL,
 		}
 		s.records[p.Identity] = r
 		s.changed(p.Identity)
@@ -147,6 +162,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	r.Attempts++
 	r.Response = nil
 	r.NotReplayable = false
+	r.ReconcileAfter, r.ReconcileAttempts, r.ReconcileError = time.Time{}, 0, ""
 	if p.LeaseExpiredState == idemstore.StateReleased || p.LeaseExpiredState == idemstore.StateUnknown {
 		r.LeaseExpiredState = p.LeaseExpiredState
 	}
@@ -201,6 +217,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return err
 	}
+	settle(r, now)
 	r.State = idemstore.StateCompleted
 	r.UpdatedAt = now
 	r.NotReplayable = p.NotReplayable || p.Response == nil
@@ -233,6 +250,9 @@ func (s *Store) transition(ctx context.Context, p *idemstore.FinishParams, to id
 	r, err := s.fenced(p.Identity, p.Token, now, from...)
 	if err != nil {
 		return err
+	}
+	if to != idemstore.StateUnknown {
+		settle(r, now)
 	}
 	r.State = to
 	r.UpdatedAt = now
@@ -292,6 +312,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	case viewRecord(r, now).State != idemstore.StateUnknown:
 		return idemstore.ErrInvalidState
 	}
+	settle(r, now)
 	r.State = p.To
 	r.UpdatedAt = now
 	r.Response = nil
@@ -344,7 +365,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	now := s.now()
 	var dead []*idemstore.Record
 	for _, r := range s.records {
-		if !now.Before(r.ExpiresAt) {
+		if r.Expired(now) {
 			dead = append(dead, r)
 		}
 	}
@@ -386,6 +407,95 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	}
 	slices.SortFunc(out, func(a, b *idemstore.Record) int { return compareIdentity(a.Identity, b.Identity) })
 	return out[:min(limit, len(out))], nil
+}
+
+// KeyPurge implements idemstore.Store.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r := s.live(p.Identity, now)
+	switch {
+	case r == nil:
+		return nil, idemstore.ErrNotFound
+	case p.Token != "" && r.Token != p.Token:
+		return nil, idemstore.ErrLeaseLost
+	}
+	v := viewRecord(r, now)
+	if !p.Force && (v.State == idemstore.StateUnknown || v.State == idemstore.StateInProgress) {
+		return nil, idemstore.ErrInvalidState
+	}
+	delete(s.records, p.Identity)
+	s.changed(p.Identity)
+	return v, nil
+}
+
+// KeyReconcileClaim implements idemstore.Store.
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limit := cmp.Or(p.Limit, defaultListLimit)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var due []*idemstore.Record
+	for _, r := range s.records {
+		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) {
+			due = append(due, r)
+		}
+	}
+	slices.SortFunc(due, func(a, b *idemstore.Record) int {
+		return cmp.Or(a.ReconcileAfter.Compare(b.ReconcileAfter), a.UpdatedAt.Compare(b.UpdatedAt), compareIdentity(a.Identity, b.Identity))
+	})
+	due = due[:min(limit, len(due))]
+	out := make([]*idemstore.Record, 0, len(due))
+	for _, r := range due {
+		r.ReconcileAfter = now.Add(p.Hold)
+		out = append(out, copyRecord(r))
+	}
+	return out, nil
+}
+
+// KeyReconcileFail implements idemstore.Store.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	r, err := s.fenced(p.Identity, p.Token, now, idemstore.StateUnknown)
+	if err != nil {
+		return err
+	}
+	r.ReconcileAttempts++
+	r.ReconcileError = idemstore.TruncateReconcileError(p.Error)
+	r.ReconcileAfter = now.Add(p.Delay)
+	return nil
+}
+
+// KeyBacklog implements idemstore.Store.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b idemstore.Backlog
+	for _, r := range s.records {
+		if r.State != idemstore.StateUnknown {
+			continue
+		}
+		b.Unknown++
+		if b.OldestUnknownSince.IsZero() || r.UpdatedAt.Before(b.OldestUnknownSince) {
+			b.OldestUnknownSince = r.UpdatedAt
+		}
+	}
+	return &b, nil
 }
 
 // KeyWait implements idemstore.Waiter. It returns at once when the record of

@@ -77,6 +77,9 @@ func TestKeyWait(t *testing.T) {
 			for rid, ttl := range map[idemstore.Identity]time.Duration{id: time.Hour, bystander: 3 * time.Hour} {
 				res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
 					Identity: rid, Fingerprint: "f", Token: "t1", Lease: time.Minute, TTL: ttl,
+					// Released on expiry, so that the reaper may delete
+					// it (an unknown record is never reaped).
+					LeaseExpiredState: idemstore.StateReleased,
 				})
 				if err != nil || !res.Reserved {
 					t.Fatalf("KeyReserve = %+v, %v", res, err)

@@ -86,7 +86,7 @@ func rawReserve(ctx context.Context, s *Store, id idemstore.Identity, token stri
 	var reserved bool
 	var rs recordScan
 	err := s.pool.QueryRow(ctx, s.q.reserve, id.Scope, id.Endpoint, id.Key, fp1, token,
-		now, now.Add(lease), now.Add(ttl), "unknown").
+		now, now.Add(lease), now.Add(ttl), "unknown", ttl).
 		Scan(append([]any{&reserved}, rs.dest()...)...)
 	return reserved, err
 }

@@ -18,7 +18,8 @@ var migrationsFS embed.FS
 const columns = `k.scope, k.endpoint, k.key, k.fingerprint, k.state, k.token,
     k.locked_until, k.started_at, k.lease_expired_state, k.response_status,
     k.response_header, k.response_body, k.not_replayable, k.recovery_point,
-    k.attempts, k.created_at, k.updated_at, k.expires_at`
+    k.attempts, k.created_at, k.updated_at, k.expires_at, k.ttl,
+    k.reconcile_after, k.reconcile_attempts, k.reconcile_error`
 
 // notifyPayloadSQL is the hash of the identity of a row u, as notifyPayload
 // computes it.
@@ -29,6 +30,7 @@ const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
 type queries struct {
 	reserve, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
+	purgeLock, purge, reconcileClaim, reconcileFail, backlog string
 }
 
 // expand fills the placeholders of queries.sql and of the migrations: the
@@ -69,5 +71,11 @@ func loadQueries(schema, channel string) *queries {
 		reap:        q("reap"),
 		list:        q("list"),
 		wait:        q("wait"),
+
+		purgeLock:      q("purge_lock"),
+		purge:          q("purge"),
+		reconcileClaim: q("reconcile_claim"),
+		reconcileFail:  q("reconcile_fail"),
+		backlog:        q("backlog"),
 	}
 }

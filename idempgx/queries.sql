@@ -16,15 +16,17 @@
 -- into its lease_expired_state. When none of them writes, the last branch
 -- reads the existing record without locking it, so a replay writes nothing.
 -- $1 scope, $2 endpoint, $3 key, $4 fingerprint, $5 token, $6 now,
--- $7 locked_until, $8 expires_at, $9 lease_expired_state.
+-- $7 locked_until, $8 expires_at, $9 lease_expired_state, $10 ttl.
+-- "Past its retention" is an expired record: never an unknown one, nor an
+-- expired lease that turns unknown.
 WITH ins AS (
     INSERT INTO {{schema}}.idem_keys AS k (
         scope, endpoint, key, fingerprint, state, token, locked_until,
         started_at, lease_expired_state, attempts, created_at, updated_at,
-        expires_at)
+        expires_at, ttl)
     VALUES ($1::text, $2::text, $3::text, $4::text, 'in_progress', $5::text,
         $7::timestamptz, $6::timestamptz, $9::text, 1, $6::timestamptz,
-        $6::timestamptz, $8::timestamptz)
+        $6::timestamptz, $8::timestamptz, $10::interval)
     ON CONFLICT ON CONSTRAINT idem_keys_pkey DO NOTHING
     RETURNING {{columns}}
 ), take AS (
@@ -49,10 +51,17 @@ WITH ins AS (
             THEN $6::timestamptz ELSE k.created_at END,
         updated_at = $6::timestamptz,
         expires_at = CASE WHEN k.expires_at <= $6::timestamptz
-            THEN $8::timestamptz ELSE k.expires_at END
+            THEN $8::timestamptz ELSE k.expires_at END,
+        ttl = CASE WHEN k.expires_at <= $6::timestamptz
+            THEN $10::interval ELSE k.ttl END,
+        reconcile_after = NULL,
+        reconcile_attempts = 0,
+        reconcile_error = ''
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
       AND NOT EXISTS (SELECT 1 FROM ins)
-      AND (k.expires_at <= $6::timestamptz
+      AND ((k.expires_at <= $6::timestamptz AND k.state <> 'unknown'
+            AND NOT (k.state = 'in_progress' AND k.locked_until <= $6::timestamptz
+                     AND k.lease_expired_state = 'unknown'))
            OR (k.fingerprint = $4::text
                AND (k.state = 'released'
                     OR (k.state = 'in_progress'
@@ -70,7 +79,8 @@ WITH ins AS (
       -- progress could scan every expired lease through idem_keys_sweep_idx.
       AND CASE WHEN k.state = 'in_progress'
                THEN k.locked_until <= $6::timestamptz
-                    AND k.expires_at > $6::timestamptz
+                    AND (k.expires_at > $6::timestamptz
+                         OR k.lease_expired_state = 'unknown')
                     AND NOT (k.fingerprint = $4::text
                              AND k.lease_expired_state = 'released')
                ELSE false END
@@ -94,7 +104,9 @@ WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
 SELECT {{columns}}
 FROM {{schema}}.idem_keys AS k
 WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
-  AND k.expires_at > $4::timestamptz;
+  AND (k.expires_at > $4::timestamptz OR k.state = 'unknown'
+       OR (k.state = 'in_progress' AND k.locked_until <= $4::timestamptz
+           AND k.lease_expired_state = 'unknown'));
 
 -- name: complete
 -- $1 scope, $2 endpoint, $3 key, $4 token, $5 now, $6 status, $7 header,
@@ -106,10 +118,17 @@ WITH u AS (
         response_header = $7::jsonb,
         response_body = $8::bytea,
         not_replayable = $9::boolean,
-        updated_at = $5::timestamptz
+        updated_at = $5::timestamptz,
+        expires_at = CASE WHEN (k.state = 'unknown'
+               OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+                   AND k.lease_expired_state = 'unknown'))
+            THEN $5::timestamptz + coalesce(k.ttl, k.expires_at - k.created_at)
+            ELSE k.expires_at END
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND k.state IN ('in_progress', 'unknown')
-      AND k.expires_at > $5::timestamptz
+      AND (k.expires_at > $5::timestamptz OR k.state = 'unknown'
+           OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+               AND k.lease_expired_state = 'unknown'))
     RETURNING k.scope, k.endpoint, k.key, k.waiters
 ), n AS (
     SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
@@ -121,10 +140,17 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 WITH u AS (
     UPDATE {{schema}}.idem_keys AS k SET
         state = 'released',
-        updated_at = $5::timestamptz
+        updated_at = $5::timestamptz,
+        expires_at = CASE WHEN (k.state = 'unknown'
+               OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+                   AND k.lease_expired_state = 'unknown'))
+            THEN $5::timestamptz + coalesce(k.ttl, k.expires_at - k.created_at)
+            ELSE k.expires_at END
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND k.state IN ('in_progress', 'unknown')
-      AND k.expires_at > $5::timestamptz
+      AND (k.expires_at > $5::timestamptz OR k.state = 'unknown'
+           OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+               AND k.lease_expired_state = 'unknown'))
     RETURNING k.scope, k.endpoint, k.key, k.waiters
 ), n AS (
     SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
@@ -139,7 +165,9 @@ WITH u AS (
         updated_at = $5::timestamptz
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND k.state = 'in_progress'
-      AND k.expires_at > $5::timestamptz
+      AND (k.expires_at > $5::timestamptz OR k.state = 'unknown'
+           OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+               AND k.lease_expired_state = 'unknown'))
     RETURNING k.scope, k.endpoint, k.key, k.waiters
 ), n AS (
     SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
@@ -152,7 +180,9 @@ WITH u AS (
     DELETE FROM {{schema}}.idem_keys AS k
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND k.state = 'in_progress'
-      AND k.expires_at > $5::timestamptz
+      AND (k.expires_at > $5::timestamptz OR k.state = 'unknown'
+           OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
+               AND k.lease_expired_state = 'unknown'))
     RETURNING k.scope, k.endpoint, k.key, k.waiters
 ), n AS (
     SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
@@ -189,12 +219,12 @@ WITH u AS (
         response_header = $8::jsonb,
         response_body = $9::bytea,
         not_replayable = $10::boolean,
-        updated_at = $5::timestamptz
+        updated_at = $5::timestamptz,
+        expires_at = $5::timestamptz + coalesce(k.ttl, k.expires_at - k.created_at)
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND (k.state = 'unknown'
            OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
                AND k.lease_expired_state = 'unknown'))
-      AND k.expires_at > $5::timestamptz
     RETURNING k.scope, k.endpoint, k.key, k.waiters
 ), n AS (
     SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
@@ -226,7 +256,8 @@ FROM u AS k
 WHERE (SELECT count(*) FROM n) >= 0;
 
 -- name: reap
--- Deletes at most $2 records past their retention, skipping rows another
+-- Deletes at most $2 expired records (past their retention, never unknown
+-- ones nor expired leases that turn unknown), skipping rows another
 -- transaction holds. Finished records come from idem_keys_reap_idx; the
 -- rare in-progress record past its retention (a lease renewed beyond it)
 -- from idem_keys_sweep_idx, within what is left of the batch.
@@ -234,7 +265,7 @@ WHERE (SELECT count(*) FROM n) >= 0;
 WITH done AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
-    WHERE state <> 'in_progress' AND expires_at <= $1::timestamptz
+    WHERE state IN ('completed', 'released') AND expires_at <= $1::timestamptz
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -242,6 +273,7 @@ WITH done AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
     WHERE state = 'in_progress' AND expires_at <= $1::timestamptz
+      AND NOT (locked_until <= $1::timestamptz AND lease_expired_state = 'unknown')
     LIMIT greatest($2 - (SELECT count(*) FROM done), 0)
     FOR UPDATE SKIP LOCKED
 ), batch AS (
@@ -260,7 +292,9 @@ WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key;
 -- $5 created_before (NULL: any), $6 has cursor, $7-$9 cursor, $10 limit.
 SELECT {{columns}}
 FROM {{schema}}.idem_keys AS k
-WHERE k.expires_at > $1::timestamptz
+WHERE (k.expires_at > $1::timestamptz OR k.state = 'unknown'
+       OR (k.state = 'in_progress' AND k.locked_until <= $1::timestamptz
+           AND k.lease_expired_state = 'unknown'))
   AND ($2::text = ''
        OR (CASE WHEN k.state = 'in_progress' AND k.locked_until <= $1::timestamptz
                 THEN k.lease_expired_state ELSE k.state END) = $2::text)
@@ -289,3 +323,60 @@ SELECT EXISTS (SELECT 1 FROM u)
         WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
           AND k.state = 'in_progress' AND k.waiters
           AND k.locked_until > $4::timestamptz AND k.expires_at > $4::timestamptz);
+
+-- name: purge_lock
+-- Locks a live record for KeyPurge. $1 scope, $2 endpoint, $3 key, $4 now.
+SELECT {{columns}}
+FROM {{schema}}.idem_keys AS k
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
+  AND (k.expires_at > $4::timestamptz OR k.state = 'unknown'
+       OR (k.state = 'in_progress' AND k.locked_until <= $4::timestamptz
+           AND k.lease_expired_state = 'unknown'))
+FOR UPDATE;
+
+-- name: purge
+-- Deletes a record KeyPurge locked and checked, and wakes its waiters.
+-- $1 scope, $2 endpoint, $3 key.
+WITH u AS (
+    DELETE FROM {{schema}}.idem_keys AS k
+    WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3
+    RETURNING k.scope, k.endpoint, k.key, k.waiters
+), n AS (
+    SELECT pg_notify({{channel}}, {{notify_payload}}) FROM u WHERE u.waiters
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
+
+-- name: reconcile_claim
+-- Claims at most $3 unknown records due at $1, holding them until $2, as the
+-- outbox relay claims rows: rows another claimer holds are skipped, and a
+-- row it claimed and committed meanwhile is re-checked and no longer due.
+WITH batch AS (
+    SELECT scope, endpoint, key
+    FROM {{schema}}.idem_keys
+    WHERE state = 'unknown'
+      AND (reconcile_after IS NULL OR reconcile_after <= $1::timestamptz)
+    ORDER BY reconcile_after NULLS FIRST, updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {{schema}}.idem_keys AS k SET reconcile_after = $2::timestamptz
+FROM batch AS b
+WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key
+RETURNING {{columns}};
+
+-- name: reconcile_fail
+-- Records a failed reconciliation attempt of an unknown record, fenced on
+-- the token. $1 scope, $2 endpoint, $3 key, $4 token, $5 error,
+-- $6 reconcile_after.
+UPDATE {{schema}}.idem_keys AS k SET
+    reconcile_attempts = k.reconcile_attempts + 1,
+    reconcile_error = $5::text,
+    reconcile_after = $6::timestamptz
+WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
+  AND k.state = 'unknown';
+
+-- name: backlog
+-- Counts the unknown records and finds the oldest (idem_keys_reconcile_idx).
+SELECT count(*), min(updated_at)
+FROM {{schema}}.idem_keys
+WHERE state = 'unknown';

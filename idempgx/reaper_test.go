@@ -219,8 +219,11 @@ FROM generate_series(1, $2::int) AS i`, now, seeded)
 		t.Fatalf("live traffic: %v", err)
 	}
 
-	if n := reapedN.Load(); n != int64(expired) {
-		t.Errorf("the reaper deleted %d records, want %d", n, expired)
+	// Unknown records, and in-progress ones whose expired lease turns
+	// unknown, are never reaped: one in ten of the expired ones.
+	unknowns := expired / 10
+	if n := reapedN.Load(); n != int64(expired-unknowns) {
+		t.Errorf("the reaper deleted %d records, want %d", n, expired-unknowns)
 	}
 	count := func(where string, args ...any) int {
 		t.Helper()
@@ -230,8 +233,11 @@ FROM generate_series(1, $2::int) AS i`, now, seeded)
 		}
 		return n
 	}
-	if n := count("expires_at <= $1", now); n != 0 {
+	if n := count("expires_at <= $1 AND state NOT IN ('unknown', 'in_progress')", now); n != 0 {
 		t.Errorf("%d expired records left", n)
+	}
+	if n := count("expires_at <= $1 AND state IN ('unknown', 'in_progress')", now); n != unknowns {
+		t.Errorf("%d unknown records left, want the %d there were", n, unknowns)
 	}
 	if n := count("key LIKE 'seeded-%' AND state = 'completed'"); n != seeded {
 		t.Errorf("%d of the %d live records left", n, seeded)
@@ -246,7 +252,7 @@ FROM generate_series(1, $2::int) AS i`, now, seeded)
 		t.Fatalf("live requests: %d without the reaper, %d with it; want some of both", n0, n1)
 	}
 	t.Logf("reaper deleted %d records in %v (%.0f records/s) under %d live workers",
-		expired, reapTime.Round(time.Millisecond), float64(expired)/reapTime.Seconds(), workers)
+		expired-unknowns, reapTime.Round(time.Millisecond), float64(expired-unknowns)/reapTime.Seconds(), workers)
 	t.Logf("live reserve+complete without the reaper: n=%d p50=%v p99=%v", n0, p50, p99)
 	t.Logf("live reserve+complete with the reaper:    n=%d p50=%v p99=%v (p99 ratio %.2f)",
 		n1, p50r, p99r, float64(p99r)/float64(p99))

@@ -18,10 +18,13 @@
 package idempgx
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -153,7 +156,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		var rs recordScan
 		err := s.pool.QueryRow(ctx, s.q.reserve,
 			p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
-			now.Add(p.Lease), now.Add(p.TTL), string(les),
+			now.Add(p.Lease), now.Add(p.TTL), string(les), p.TTL,
 		).Scan(rs.dest(&reserved)...)
 		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
 			continue // changed by a transaction our snapshot missed
@@ -177,7 +180,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 // found unwritten, rec is an old snapshot of a row another transaction
 // changed.
 func claimable(rec *idemstore.Record, fingerprint string, now time.Time) bool {
-	if !now.Before(rec.ExpiresAt) || rec.LeaseExpired(now) {
+	if rec.Expired(now) || rec.LeaseExpired(now) {
 		return true
 	}
 	return rec.State == idemstore.StateReleased && rec.Fingerprint == fingerprint
@@ -354,6 +357,89 @@ func (s *Store) resolve(ctx context.Context, p *idemstore.ResolveParams) error {
 	}
 }
 
+// KeyPurge deletes a record for an operator in one transaction: it locks
+// the record, checks it may be purged, and deletes it.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	var purged *idemstore.Record
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		var rs recordScan
+		err := tx.QueryRow(ctx, s.q.purgeLock, p.Scope, p.Endpoint, p.Key, now).Scan(rs.dest()...)
+		if err != nil {
+			return interpretError(err)
+		}
+		rec, err := rs.record()
+		if err != nil {
+			return err
+		}
+		settle(rec, now)
+		switch {
+		case p.Token != "" && rec.Token != p.Token:
+			return idemstore.ErrLeaseLost
+		case !p.Force && (rec.State == idemstore.StateUnknown || rec.State == idemstore.StateInProgress):
+			return fmt.Errorf("%w: the record is %s: purging it needs force", idemstore.ErrInvalidState, rec.State)
+		}
+		var changed, notified int64
+		if err := tx.QueryRow(ctx, s.q.purge, p.Scope, p.Endpoint, p.Key).Scan(&changed, &notified); err != nil {
+			return interpretError(err)
+		}
+		purged = rec
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("purging key: %w", err)
+	}
+	return purged, nil
+}
+
+// KeyReconcileClaim claims due unknown records with FOR UPDATE SKIP LOCKED,
+// as the outbox relay claims rows (see queries.sql, "reconcile_claim").
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	now := s.now()
+	recs, err := s.queryRecords(ctx, s.q.reconcileClaim, now, now.Add(p.Hold), limit)
+	if err != nil {
+		return nil, fmt.Errorf("claiming unknown keys: %w", err)
+	}
+	// RETURNING has no order: the longest unknown first.
+	slices.SortFunc(recs, func(a, b *idemstore.Record) int {
+		return cmp.Or(a.UpdatedAt.Compare(b.UpdatedAt), strings.Compare(a.Scope, b.Scope),
+			strings.Compare(a.Endpoint, b.Endpoint), strings.Compare(a.Key, b.Key))
+	})
+	return recs, nil
+}
+
+// KeyReconcileFail records a failed reconciliation attempt, fenced on the
+// token.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	err := s.fencedExec(ctx, s.pool, s.q.reconcileFail, p.Scope, p.Endpoint, p.Key, p.Token,
+		idemstore.TruncateReconcileError(p.Error), s.now().Add(p.Delay))
+	if err != nil {
+		return fmt.Errorf("recording a reconciliation failure: %w", err)
+	}
+	return nil
+}
+
+// KeyBacklog counts the unknown records with one query on
+// idem_keys_reconcile_idx.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	var (
+		n      int
+		oldest *time.Time
+	)
+	if err := s.pool.QueryRow(ctx, s.q.backlog).Scan(&n, &oldest); err != nil {
+		return nil, fmt.Errorf("counting unknown keys: %w", interpretError(err))
+	}
+	b := &idemstore.Backlog{Unknown: n}
+	if oldest != nil {
+		b.OldestUnknownSince = *oldest
+	}
+	return b, nil
+}
+
 // KeySweep turns at most p.Limit in_progress records whose lease expired
 // into their LeaseExpiredState and returns them.
 func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
@@ -461,14 +547,17 @@ type recordScan struct {
 	status *int32
 	header []byte
 	body   []byte
+	ttl    *time.Duration
+	after  *time.Time
 }
 
 func (rs *recordScan) dest(before ...any) []any {
 	r := &rs.rec
-	return append(append(make([]any, 0, len(before)+18), before...), &r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &rs.state, &r.Token,
+	return append(append(make([]any, 0, len(before)+22), before...), &r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &rs.state, &r.Token,
 		&r.LockedUntil, &r.StartedAt, &rs.les, &rs.status,
 		&rs.header, &rs.body, &r.NotReplayable, &r.RecoveryPoint,
-		&r.Attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
+		&r.Attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &rs.ttl,
+		&rs.after, &r.ReconcileAttempts, &r.ReconcileError)
 }
 
 func (rs *recordScan) record() (*idemstore.Record, error) {
@@ -480,6 +569,15 @@ func (rs *recordScan) record() (*idemstore.Record, error) {
 	rec := &b.rec
 	rec.State = idemstore.State(rs.state)
 	rec.LeaseExpiredState = idemstore.State(rs.les)
+	if rs.ttl != nil {
+		rec.TTL = *rs.ttl
+	} else {
+		// A record made before the ttl column: its retention as made.
+		rec.TTL = rec.ExpiresAt.Sub(rec.CreatedAt)
+	}
+	if rs.after != nil {
+		rec.ReconcileAfter = *rs.after
+	}
 	if rs.status != nil {
 		resp := &b.resp
 		*resp = idemstore.Response{Status: int(*rs.status), Body: rs.body}

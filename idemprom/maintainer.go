@@ -11,8 +11,12 @@ import (
 // those packages; the command that runs them fills this struct.
 type MaintainerStats struct {
 	// UnknownBacklog is the number of unknown records awaiting
-	// reconciliation (idem_unknown_backlog).
+	// reconciliation (idem_unknown_backlog), counted in the store so that
+	// every node reports the same.
 	UnknownBacklog int
+	// OldestUnknown is the age of the oldest unknown record, since it turned
+	// unknown (idem_unknown_oldest_age_seconds); zero when there is none.
+	OldestUnknown time.Duration
 	// UnknownBacklogTruncated reports that the count stopped at a scan
 	// limit: the backlog is at least UnknownBacklog
 	// (idem_unknown_backlog_truncated, 0 or 1).
@@ -46,6 +50,10 @@ type MaintainerStats struct {
 	// ReconcileErrors counts the reconciliation calls that failed
 	// (idem_maint_reconcile_errors_total).
 	ReconcileErrors int64
+	// ReconcileScheduled counts the reconciliation attempts that left a
+	// record unknown and scheduled the next one after a backoff
+	// (idem_reconcile_scheduled_total).
+	ReconcileScheduled int64
 	// PassErrors counts the maintenance passes that failed
 	// (idem_maint_pass_errors_total).
 	PassErrors int64
@@ -53,7 +61,11 @@ type MaintainerStats struct {
 
 var (
 	descUnknownBacklog = prometheus.NewDesc("idem_unknown_backlog",
-		"Unknown idempotency records awaiting reconciliation (as of the last pass; see idem_unknown_backlog_truncated).", nil, nil)
+		"Unknown idempotency records awaiting reconciliation, counted in the store.", nil, nil)
+	descOldestUnknown = prometheus.NewDesc("idem_unknown_oldest_age_seconds",
+		"Age of the oldest unknown idempotency record since it turned unknown; 0 when there is none.", nil, nil)
+	descReconcileScheduled = prometheus.NewDesc("idem_reconcile_scheduled_total",
+		"Reconciliation attempts that left a record unknown and scheduled its next attempt after a backoff.", nil, nil)
 	descUnknownTruncated = prometheus.NewDesc("idem_unknown_backlog_truncated",
 		"1 when the unknown backlog count stopped at the scan limit, so the backlog is at least idem_unknown_backlog.", nil, nil)
 	descUnresolved = prometheus.NewDesc("idem_unknown_unresolved",
@@ -82,9 +94,10 @@ type maintainerCollector struct {
 }
 
 // NewMaintainerCollector returns a collector that calls stats on every scrape
-// and exports its values. stats must be fast and safe for concurrent use: it
-// should return values measured in the background (the maintainer's Stats
-// snapshot), not query the store.
+// and exports its values. stats must be safe for concurrent use and fast:
+// values measured in the background (the maintainer's Stats snapshot), or
+// cheap store counts bounded by a short timeout (the unknown backlog, from
+// an index; the outbox depth).
 func NewMaintainerCollector(stats func() MaintainerStats) prometheus.Collector {
 	return &maintainerCollector{stats: stats}
 }
@@ -102,8 +115,8 @@ func RegisterMaintainer(reg prometheus.Registerer, stats func() MaintainerStats)
 func (c *maintainerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descUnknownBacklog, descUnknownTruncated, descUnresolved, descOldestInProgress,
-		descOutboxDepth, descDeadLetters,
-		descSwept, descReaped, descResolved, descReconcileErrors, descPassErrors,
+		descOldestUnknown, descOutboxDepth, descDeadLetters,
+		descSwept, descReaped, descResolved, descReconcileErrors, descReconcileScheduled, descPassErrors,
 	} {
 		ch <- d
 	}
@@ -126,6 +139,7 @@ func (c *maintainerCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descUnknownTruncated, truncated)
 	gauge(descUnresolved, float64(s.Unresolved))
 	gauge(descOldestInProgress, s.OldestInProgress.Seconds())
+	gauge(descOldestUnknown, s.OldestUnknown.Seconds())
 	if s.Outbox {
 		gauge(descOutboxDepth, float64(s.OutboxDepth))
 		gauge(descDeadLetters, float64(s.DeadLetters))
@@ -135,5 +149,6 @@ func (c *maintainerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResolved, s.ResolvedCompleted, "completed")
 	counter(descResolved, s.ResolvedReleased, "released")
 	counter(descReconcileErrors, s.ReconcileErrors)
+	counter(descReconcileScheduled, s.ReconcileScheduled)
 	counter(descPassErrors, s.PassErrors)
 }

@@ -30,6 +30,8 @@ func TestMaintainerCollector(t *testing.T) {
 		ResolvedReleased:        1,
 		ReconcileErrors:         6,
 		PassErrors:              8,
+		OldestUnknown:           90 * time.Second,
+		ReconcileScheduled:      9,
 	}
 	if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats {
 		calls.Add(1)
@@ -47,12 +49,18 @@ idem_outbox_dead_letters 3
 # HELP idem_outbox_depth Outbox messages waiting for delivery.
 # TYPE idem_outbox_depth gauge
 idem_outbox_depth 12
-# HELP idem_unknown_backlog Unknown idempotency records awaiting reconciliation (as of the last pass; see idem_unknown_backlog_truncated).
+# HELP idem_unknown_backlog Unknown idempotency records awaiting reconciliation, counted in the store.
 # TYPE idem_unknown_backlog gauge
 idem_unknown_backlog 7
 # HELP idem_unknown_backlog_truncated 1 when the unknown backlog count stopped at the scan limit, so the backlog is at least idem_unknown_backlog.
 # TYPE idem_unknown_backlog_truncated gauge
 idem_unknown_backlog_truncated 1
+# HELP idem_unknown_oldest_age_seconds Age of the oldest unknown idempotency record since it turned unknown; 0 when there is none.
+# TYPE idem_unknown_oldest_age_seconds gauge
+idem_unknown_oldest_age_seconds 90
+# HELP idem_reconcile_scheduled_total Reconciliation attempts that left a record unknown and scheduled its next attempt after a backoff.
+# TYPE idem_reconcile_scheduled_total counter
+idem_reconcile_scheduled_total 9
 # HELP idem_unknown_unresolved Unknown idempotency records the reconciler tried and could not resolve yet.
 # TYPE idem_unknown_unresolved gauge
 idem_unknown_unresolved 2
@@ -90,7 +98,7 @@ idem_maint_pass_errors_total 8
 	// The values are read on every scrape.
 	stats.UnknownBacklog = 0
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP idem_unknown_backlog Unknown idempotency records awaiting reconciliation (as of the last pass; see idem_unknown_backlog_truncated).
+# HELP idem_unknown_backlog Unknown idempotency records awaiting reconciliation, counted in the store.
 # TYPE idem_unknown_backlog gauge
 idem_unknown_backlog 0
 `), "idem_unknown_backlog"); err != nil {

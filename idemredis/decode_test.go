@@ -64,6 +64,9 @@ func legacyRecordFromMap(m map[string]string) (*idemstore.Record, error) {
 		}
 		r.Response = resp
 	}
+	// A record without a ttl field (all of them, then) has the retention
+	// it was made with.
+	r.TTL = r.ExpiresAt.Sub(r.CreatedAt)
 	return r, nil
 }
 

@@ -29,7 +29,11 @@
 // sorted sets: a lease index, <Prefix>{<bucket>}:leases, of its in_progress
 // records scored by the end of their lease (for KeySweep), and an expiry
 // index, <Prefix>{<bucket>}:expiry, of all its records scored by expires_at
-// (for KeyReap; about 100 bytes per record). Each record has a pub/sub
+// (for KeyReap; about 100 bytes per record; unknown records leave it until
+// settled). Two more list the unknown records: a backlog index,
+// <Prefix>{<bucket>}:unknown, scored by when each turned unknown (for
+// KeyBacklog), and a reconcile index, <Prefix>{<bucket>}:reconcile, scored
+// by reconcile_after (for KeyReconcileClaim). Each record has a pub/sub
 // channel, <Prefix>{<bucket>}:c:<sha256>. A record, its indexes and its
 // channel share a hash tag, so every script touches a single slot and is
 // Cluster-safe; 1024 buckets spread the records over the slots of any
@@ -42,7 +46,10 @@
 // if Redis has not removed it yet (the store's clock may run ahead of
 // Redis's, as a test clock does). Redis's own TTL is garbage collection: a
 // relative PEXPIRE of the remaining retention plus a minute, set when the
-// record is created. Being relative it does not depend on the two clocks
+// record is settled (completed or released; at creation already when its
+// lease expires into released). A record that may turn unknown has none,
+// and one that turns unknown loses it (PERSIST): no TTL ever removes an
+// unresolved unknown outcome; settling it starts its retention again. Being relative it does not depend on the two clocks
 // agreeing, only on the store's clock not running slower than Redis's (a
 // frozen test clock outliving the slack would see records vanish). The lease (locked_until) is
 // a field, separate from retention: a crashed attempt blocks its key for one

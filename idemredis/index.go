@@ -24,7 +24,7 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	var out []*idemstore.Record
 	err := s.drainIndex(ctx, ":leases", now, limit, func(cands []recordKeys) (int, error) {
 		cmds := s.evalEach(ctx, sweepScript, cands, func(k recordKeys) ([]string, []any) {
-			return []string{k.record, k.index}, []any{now, k.member, k.channel}
+			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{now, k.member, k.channel}
 		})
 		n := 0
 		for _, cmd := range cmds {
@@ -68,7 +68,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	// Past ExpiresAt is strictly after it: an exclusive bound.
 	err := s.drainIndex(ctx, ":expiry", "("+now, limit, func(cands []recordKeys) (int, error) {
 		cmds := s.evalEach(ctx, reapScript, cands, func(k recordKeys) ([]string, []any) {
-			return []string{k.record, k.index, k.expiry}, []any{now, k.member, k.channel}
+			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{now, k.member, k.channel}
 		})
 		n := 0
 		for _, cmd := range cmds {

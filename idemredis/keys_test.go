@@ -32,6 +32,9 @@ func legacyBucketKeys(prefix string, bucket int, member string) recordKeys {
 		expiry:  tag + ":expiry",
 		member:  member,
 		channel: tag + ":c:" + member,
+		// Added with the reconciliation state.
+		unknown:   tag + ":unknown",
+		reconcile: tag + ":reconcile",
 	}
 }
 
@@ -66,7 +69,7 @@ func TestKeysMatchLegacy(t *testing.T) {
 			if got != want {
 				t.Fatalf("keysOf(%q) with prefix %q = %+v, want %+v", id, prefix, got, want)
 			}
-			if args == nil || *args != [5]any{want.record, want.index, want.expiry, want.member, want.channel} {
+			if args == nil || *args != [7]any{want.record, want.index, want.expiry, want.member, want.channel, want.unknown, want.reconcile} {
 				t.Fatalf("keysOf(%q) boxed %v, want its names", id, args)
 			}
 		}

@@ -129,7 +129,7 @@ func (s *Store) listOnce(ctx context.Context, p *idemstore.ListParams, now time.
 		if err != nil {
 			return nil, last, 0, fmt.Errorf("listing keys: %w", err)
 		}
-		if now.After(r.ExpiresAt) {
+		if expired(r, now) {
 			continue
 		}
 		if r.LeaseExpired(now) {
@@ -181,7 +181,7 @@ func (s *Store) filterKeys(ctx context.Context, keys []string, p *idemstore.List
 			state = idemstore.State(f["lease_expired_state"])
 		}
 		switch {
-		case now.After(expiresAt),
+		case now.After(expiresAt) && state != idemstore.StateUnknown,
 			p.State != "" && state != p.State,
 			p.Scope != "" && id.Scope != p.Scope,
 			p.Endpoint != "" && id.Endpoint != p.Endpoint,

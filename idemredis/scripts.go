@@ -23,6 +23,9 @@ var (
 	resolveScript     = loadScript("resolve.lua")
 	sweepScript       = loadScript("sweep.lua")
 	reapScript        = loadScript("reap.lua")
+	purgeScript       = loadScript("purge.lua")
+	claimScript       = loadScript("reconcile_claim.lua")
+	failScript        = loadScript("reconcile_fail.lua")
 )
 
 // script is a Lua script with its digest and source boxed once as command
@@ -50,6 +53,7 @@ func loadScript(name string) *script {
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
 	argKeys2, argKeys3  any = 2, 3
+	argKeys5            any = 5
 )
 
 // run runs sc as Script.Run does (EVALSHA, then EVAL when the node does not

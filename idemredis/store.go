@@ -109,9 +109,13 @@ type recordKeys struct {
 	expiry  string // the expiry index of its bucket
 	member  string // its member in the lease index
 	channel string // its pub/sub channel
+	// unknown is the backlog index of its bucket: the unknown records
+	// scored by when they turned unknown; reconcile is the reconcile index:
+	// the same records scored by reconcile_after.
+	unknown, reconcile string
 	// args are the same names boxed once as script arguments, in the
 	// order above; keysOf sets them, bucketKeys does not.
-	args *[5]any
+	args *[7]any
 }
 
 // keysOf returns the keys of the record named id.
@@ -145,7 +149,7 @@ func (s *Store) newKeys(id idemstore.Identity) recordKeys {
 	var member [2 * sha256.Size]byte
 	hex.Encode(member[:], sum[:])
 	k := s.keysFor(bucket, member[:])
-	k.args = &[5]any{k.record, k.index, k.expiry, k.member, k.channel}
+	k.args = &[7]any{k.record, k.index, k.expiry, k.member, k.channel, k.unknown, k.reconcile}
 	return k
 }
 
@@ -161,8 +165,11 @@ func (s *Store) keysFor(bucket int, member []byte) recordKeys {
 	rec := tag + len(":r:") + len(member)
 	idx := tag + len(":leases")
 	exp := tag + len(":expiry")
+	unk := tag + len(":unknown")
+	rcn := tag + len(":reconcile")
+	ch := tag + len(":c:") + len(member)
 	var b strings.Builder
-	b.Grow(rec + idx + exp + tag + len(":c:") + len(member))
+	b.Grow(rec + idx + exp + ch + unk + rcn)
 	s.writeBucketTag(&b, bucket)
 	b.WriteString(":r:")
 	b.Write(member)
@@ -173,13 +180,20 @@ func (s *Store) keysFor(bucket int, member []byte) recordKeys {
 	s.writeBucketTag(&b, bucket)
 	b.WriteString(":c:")
 	b.Write(member)
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":unknown")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":reconcile")
 	all := b.String()
+	o := rec + idx + exp
 	return recordKeys{
-		record:  all[:rec],
-		member:  all[tag+len(":r:") : rec],
-		index:   all[rec : rec+idx],
-		expiry:  all[rec+idx : rec+idx+exp],
-		channel: all[rec+idx+exp:],
+		record:    all[:rec],
+		member:    all[tag+len(":r:") : rec],
+		index:     all[rec : rec+idx],
+		expiry:    all[rec+idx : o],
+		channel:   all[o : o+ch],
+		unknown:   all[o+ch : o+ch+unk],
+		reconcile: all[o+ch+unk:],
 	}
 }
 
@@ -226,10 +240,10 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	k := s.keysOf(p.Identity)
 	ttl := max(p.TTL, 0) + ttlSlack
 	a := k.args
-	vals, err := s.run(ctx, reserveScript, argKeys3, []any{nil, nil, nil, a[0], a[1], a[2],
+	vals, err := s.run(ctx, reserveScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
 		us(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
 		us(now.Add(p.Lease)), stateArg(les), us(now.Add(p.TTL)),
-		ttl.Milliseconds(), a[3], a[4], us(now.Add(-pruneAfter)),
+		ttl.Milliseconds(), a[3], a[4], us(now.Add(-pruneAfter)), max(p.TTL, 0).Microseconds(),
 	}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
@@ -268,6 +282,7 @@ func newRecord(p *idemstore.ReserveParams, les idemstore.State, now time.Time) *
 		CreatedAt:         at(now),
 		UpdatedAt:         at(now),
 		ExpiresAt:         at(now.Add(p.TTL)),
+		TTL:               max(p.TTL, 0).Truncate(time.Microsecond),
 		Attempts:          1,
 	}
 	b.res = idemstore.ReserveResult{Reserved: true, Record: &b.rec}
@@ -290,7 +305,7 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 		return nil, fmt.Errorf("getting key: %w", err)
 	}
 	now := s.now()
-	if now.After(r.ExpiresAt) {
+	if expired(r, now) {
 		return nil, idemstore.ErrNotFound
 	}
 	if r.LeaseExpired(now) {
@@ -309,7 +324,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	}
 	k := s.keysOf(p.Identity)
 	a := k.args
-	err = s.run(ctx, completeScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
+	err = s.run(ctx, completeScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
 		us(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
 		a[3], a[4],
 	}).Err()
@@ -322,25 +337,30 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 // KeyRelease moves the record to released (from in_progress or unknown)
 // when the token matches.
 func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, releaseScript, "releasing key", p)
+	return s.finish(ctx, releaseScript, argKeys5, "releasing key", p)
 }
 
 // KeyMarkUnknown moves an in_progress record to unknown when the token
 // matches.
 func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, markUnknownScript, "marking key unknown", p)
+	return s.finish(ctx, markUnknownScript, argKeys5, "marking key unknown", p)
 }
 
 // KeyDelete removes an in_progress record when the token matches.
 func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, deleteScript, "deleting key", p)
+	return s.finish(ctx, deleteScript, argKeys3, "deleting key", p)
 }
 
-func (s *Store) finish(ctx context.Context, sc *script, what string, p *idemstore.FinishParams) error {
+// finish runs a fenced script with the record's first nkeys keys (3: record
+// and its lease and expiry indexes; 5: and its unknown and reconcile
+// indexes).
+func (s *Store) finish(ctx context.Context, sc *script, nkeys any, what string, p *idemstore.FinishParams) error {
 	a := s.keysOf(p.Identity).args
-	err := s.run(ctx, sc, argKeys3, []any{nil, nil, nil, a[0], a[1], a[2],
-		us(s.now()), p.Token, a[3], a[4],
-	}).Err()
+	call := []any{nil, nil, nil, a[0], a[1], a[2]}
+	if nkeys == argKeys5 {
+		call = append(call, a[5], a[6])
+	}
+	err := s.run(ctx, sc, nkeys, append(call, us(s.now()), p.Token, a[3], a[4])).Err()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, interpretError(err))
 	}
@@ -374,7 +394,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	}
 	k := s.keysOf(p.Identity)
 	a := k.args
-	err = s.run(ctx, resolveScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
+	err = s.run(ctx, resolveScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
 		us(s.now()), p.Token, string(p.To),
 		resp.notReplayable, resp.status, resp.header, resp.body,
 		a[3], a[4],
@@ -459,6 +479,8 @@ type recordFields struct {
 	leaseExpiredState, notReplayable, recoveryPoint string
 	lockedUntil, startedAt, createdAt, updatedAt    string
 	expiresAt, attempts, status, header, body       string
+	ttl, reconcileAfter, reconcileAttempts          string
+	reconcileError                                  string
 	hasStatus                                       bool
 }
 
@@ -501,6 +523,14 @@ func (f *recordFields) set(k, v string) {
 		f.header = v
 	case "body":
 		f.body = v
+	case "ttl":
+		f.ttl = v
+	case "reconcile_after":
+		f.reconcileAfter = v
+	case "reconcile_attempts":
+		f.reconcileAttempts = v
+	case "reconcile_error":
+		f.reconcileError = v
 	}
 }
 
@@ -574,6 +604,26 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 	if r.Attempts, err = strconv.Atoi(f.attempts); err != nil {
 		return nil, fmt.Errorf("decoding record field attempts: %w", err)
 	}
+	// Records written before these fields existed have none of them.
+	r.TTL = r.ExpiresAt.Sub(r.CreatedAt)
+	if f.ttl != "" {
+		ttl, err := strconv.ParseInt(f.ttl, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("decoding record field ttl: %w", err)
+		}
+		r.TTL = time.Duration(ttl) * time.Microsecond
+	}
+	if f.reconcileAfter != "" && f.reconcileAfter != "0" {
+		if r.ReconcileAfter, err = parseMicros(f.reconcileAfter); err != nil {
+			return nil, fmt.Errorf("decoding record field reconcile_after: %w", err)
+		}
+	}
+	if f.reconcileAttempts != "" {
+		if r.ReconcileAttempts, err = strconv.Atoi(f.reconcileAttempts); err != nil {
+			return nil, fmt.Errorf("decoding record field reconcile_attempts: %w", err)
+		}
+	}
+	r.ReconcileError = f.reconcileError
 	if f.hasStatus && !r.NotReplayable {
 		resp := &b.resp
 		resp.Body = []byte(f.body)
@@ -596,6 +646,15 @@ func parseMicros(s string) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return time.UnixMicro(us), nil
+}
+
+// expired reports whether r is gone at now, as the scripts' expired decides:
+// strictly past its retention and not unknown.
+func expired(r *idemstore.Record, now time.Time) bool {
+	if !now.After(r.ExpiresAt) || r.State == idemstore.StateUnknown {
+		return false
+	}
+	return !(r.LeaseExpired(now) && r.LeaseExpiredState != idemstore.StateReleased)
 }
 
 // escapeGlob quotes the characters SCAN MATCH treats as special.

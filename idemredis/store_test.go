@@ -149,21 +149,40 @@ func TestLayout(t *testing.T) {
 		id := idemstore.Identity{Scope: "s", Endpoint: "e", Key: strconv.Itoa(i)}
 		k := s.keysOf(id)
 		slot := hashSlot(k.record)
-		for _, other := range []string{k.index, k.expiry, k.channel} {
+		for _, other := range []string{k.index, k.expiry, k.channel, k.unknown, k.reconcile} {
 			if hashSlot(other) != slot {
 				t.Fatalf("%s and %s are in different slots", k.record, other)
 			}
 		}
 	}
+	// A record whose lease would expire into unknown has no native TTL
+	// until it is settled: nothing but a settlement or a purge removes it.
 	if _, err := s.KeyReserve(ctx, reserveParams("t1", "")); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := client.PTTL(ctx, s.keysOf(testID).record).Result(); err != nil || ttl != -1 {
+		t.Fatalf("native TTL of an in-progress record = %v, %v; want none (-1)", ttl, err)
+	}
+	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t1"}); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err := client.PTTL(ctx, s.keysOf(testID).record).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl < 24*time.Hour || ttl > 24*time.Hour+ttlSlack {
+	if ttl < 24*time.Hour-time.Minute || ttl > 24*time.Hour+ttlSlack {
 		t.Fatalf("native TTL %v, want the retention plus at most %v", ttl, ttlSlack)
+	}
+	// One released on expiry has it from the start.
+	released := testID
+	released.Key = "released-on-expiry"
+	pr := reserveParams("t2", idemstore.StateReleased)
+	pr.Identity = released
+	if _, err := s.KeyReserve(ctx, pr); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := client.PTTL(ctx, s.keysOf(released).record).Result(); err != nil || ttl < 24*time.Hour {
+		t.Fatalf("native TTL of a record released on expiry = %v, %v; want the retention", ttl, err)
 	}
 	// Length prefixes keep the identity fields apart.
 	a := s.keysOf(idemstore.Identity{Scope: "ab", Endpoint: "c", Key: "d"})
@@ -422,8 +441,19 @@ func TestScriptCacheFlushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	n, err := s.KeyReap(ctx, &idemstore.ReapParams{})
-	if err != nil || n != 3 {
-		t.Fatalf("KeyReap after SCRIPT FLUSH = %d, %v; want 3", n, err)
+	if err != nil || n != 1 {
+		t.Fatalf("KeyReap after SCRIPT FLUSH = %d, %v; want 1 (the swept ones are unknown: never reaped)", n, err)
+	}
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := s.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Hold: time.Minute}); err != nil || len(claimed) != 2 {
+		t.Fatalf("KeyReconcileClaim after SCRIPT FLUSH = %d records, %v; want 2", len(claimed), err)
+	}
+	for _, r := range swept {
+		if _, err := s.KeyPurge(ctx, &idemstore.PurgeParams{Identity: r.Identity, Force: true}); err != nil {
+			t.Fatalf("KeyPurge: %v", err)
+		}
 	}
 	if keys, err := client.Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
 		t.Fatalf("keys left after reaping everything: %v, %v", keys, err)
@@ -448,5 +478,58 @@ func TestEmptyHeaderRoundTrip(t *testing.T) {
 	}
 	if r.Response.Status != 299 || fmt.Sprint(r.Response.Header) != fmt.Sprint(want) || len(r.Response.Body) != 0 {
 		t.Fatalf("response %+v", r.Response)
+	}
+}
+
+// TestUnknownHasNoNativeTTL checks that a record loses its native TTL when
+// it turns unknown, however it does (a fenced mark, a reservation that finds
+// the lease expired, the sweeper), including a record that had one (marked
+// by its attempt, or written by an earlier version that set it at creation).
+func TestUnknownHasNoNativeTTL(t *testing.T) {
+	t.Parallel()
+	client := sharedClient(t)
+	clock := idemtest.NewClock(time.Now().Truncate(time.Second))
+	s := newTestStore(t, client, clock.Now)
+	ctx := t.Context()
+	ids := map[string]idemstore.Identity{}
+	for i, how := range []string{"mark", "reserve", "sweep"} {
+		id := testID
+		id.Key = how
+		ids[how] = id
+		p := reserveParams("t"+strconv.Itoa(i), idemstore.StateUnknown)
+		p.Identity = id
+		if _, err := s.KeyReserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		// As a record written before this version: a native TTL from the
+		// start.
+		if err := client.PExpire(ctx, s.keysOf(id).record, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.KeyMarkUnknown(ctx, &idemstore.FinishParams{Identity: ids["mark"], Token: "t0"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute)
+	if res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: ids["reserve"], Fingerprint: "fp", Token: "x", Lease: time.Second, TTL: time.Hour}); err != nil || res.Reserved || res.Record.State != idemstore.StateUnknown {
+		t.Fatalf("KeyReserve of an expired lease = %+v, %v; want the unknown record", res, err)
+	}
+	if swept, err := s.KeySweep(ctx, &idemstore.SweepParams{}); err != nil || len(swept) != 1 {
+		t.Fatalf("KeySweep = %d records, %v; want 1", len(swept), err)
+	}
+	for how, id := range ids {
+		k := s.keysOf(id)
+		if ttl, err := client.PTTL(ctx, k.record).Result(); err != nil || ttl != -1 {
+			t.Errorf("%s: native TTL of the unknown record = %v, %v; want none", how, ttl, err)
+		}
+		if _, err := client.ZScore(ctx, k.unknown, k.member).Result(); err != nil {
+			t.Errorf("%s: not in the backlog index: %v", how, err)
+		}
+		if _, err := client.ZScore(ctx, k.reconcile, k.member).Result(); err != nil {
+			t.Errorf("%s: not in the reconcile index: %v", how, err)
+		}
+	}
+	if bl, err := s.KeyBacklog(ctx); err != nil || bl.Unknown != 3 {
+		t.Fatalf("KeyBacklog = %+v, %v; want 3", bl, err)
 	}
 }

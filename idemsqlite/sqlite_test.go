@@ -108,7 +108,7 @@ func TestMigrations(t *testing.T) {
 		}
 		return strings.Join(names, ",")
 	}
-	const schema = "idem_keys,idem_keys_reap_idx,idem_keys_sweep_idx"
+	const schema = "idem_keys,idem_keys_reap_idx,idem_keys_reconcile_idx,idem_keys_sweep_idx"
 	if got := tables(); got != schema {
 		t.Fatalf("after Open the schema has %q, want %q", got, schema)
 	}

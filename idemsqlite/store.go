@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -164,13 +165,15 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 		r                                               idemstore.Record
 		state, les                                      string
 		lockedUntil, startedAt, created, updated, until int64
+		ttl, reconcileAfter                             int64
 		status                                          sql.NullInt64
 		header                                          sql.NullString
 		body                                            []byte
 		notReplayable                                   int64
 	)
 	err := row.Scan(&r.Scope, &r.Endpoint, &r.Key, &r.Fingerprint, &state, &r.Token, &lockedUntil, &startedAt,
-		&les, &status, &header, &body, &notReplayable, &r.RecoveryPoint, &r.Attempts, &created, &updated, &until)
+		&les, &status, &header, &body, &notReplayable, &r.RecoveryPoint, &r.Attempts, &created, &updated, &until,
+		&ttl, &reconcileAfter, &r.ReconcileAttempts, &r.ReconcileError)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +184,10 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 	r.CreatedAt = fromMicros(created)
 	r.UpdatedAt = fromMicros(updated)
 	r.ExpiresAt = fromMicros(until)
+	r.TTL = time.Duration(ttl) * time.Microsecond
+	if reconcileAfter != 0 {
+		r.ReconcileAfter = fromMicros(reconcileAfter)
+	}
 	r.NotReplayable = notReplayable != 0
 	if status.Valid {
 		r.Response = &idemstore.Response{Status: int(status.Int64), Body: body}
@@ -242,7 +249,7 @@ func view(r *idemstore.Record, now time.Time) *idemstore.Record {
 }
 
 // getRaw reads the record of id as stored, or returns nil when it is missing
-// or past its retention at now.
+// or expired at now (idemstore.Record.Expired: never when unknown).
 func getRaw(ctx context.Context, q querier, id idemstore.Identity, now time.Time) (*idemstore.Record, error) {
 	r, err := scanRecord(q.QueryRowContext(ctx, selectKey, id.Scope, id.Endpoint, id.Key))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -251,7 +258,7 @@ func getRaw(ctx context.Context, q querier, id idemstore.Identity, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	if !now.Before(r.ExpiresAt) {
+	if r.Expired(now) {
 		return nil, nil
 	}
 	return r, nil
@@ -288,7 +295,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		les := leaseExpiredState(p.LeaseExpiredState)
 		if r == nil {
 			r, err = scanRecord(tx.QueryRowContext(ctx, insertKey, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
-				micros(now.Add(p.Lease)), micros(now), string(les), micros(now.Add(p.TTL))))
+				micros(now.Add(p.Lease)), micros(now), string(les), micros(now.Add(p.TTL)), p.TTL.Microseconds()))
 			if err != nil {
 				return err
 			}
@@ -501,6 +508,82 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 		view(r, now)
 	}
 	return recs, nil
+}
+
+// KeyPurge implements idemstore.Store.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	var purged *idemstore.Record
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		now := s.now()
+		r, err := getRaw(ctx, tx, p.Identity, now)
+		switch {
+		case err != nil:
+			return err
+		case r == nil:
+			return idemstore.ErrNotFound
+		case p.Token != "" && r.Token != p.Token:
+			return idemstore.ErrLeaseLost
+		}
+		r = view(r, now)
+		if !p.Force && (r.State == idemstore.StateUnknown || r.State == idemstore.StateInProgress) {
+			return idemstore.ErrInvalidState
+		}
+		if _, err := tx.ExecContext(ctx, purgeKey, p.Scope, p.Endpoint, p.Key); err != nil {
+			return err
+		}
+		purged = r
+		return nil
+	})
+	if err != nil {
+		return nil, interpretError("purging key", err)
+	}
+	return purged, nil
+}
+
+// KeyReconcileClaim implements idemstore.Store.
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	now := s.now()
+	rows, err := s.db.QueryContext(ctx, claimKeys, micros(now), micros(now.Add(p.Hold)), cmp.Or(p.Limit, defaultListLimit))
+	if err != nil {
+		return nil, interpretError("claiming unknown keys", err)
+	}
+	recs, err := scanRecords(rows)
+	if err != nil {
+		return nil, interpretError("claiming unknown keys", err)
+	}
+	sortClaimed(recs)
+	return recs, nil
+}
+
+// sortClaimed orders claimed records as they were picked (RETURNING has no
+// order): the longest unknown first.
+func sortClaimed(recs []*idemstore.Record) {
+	slices.SortFunc(recs, func(a, b *idemstore.Record) int {
+		return cmp.Or(a.UpdatedAt.Compare(b.UpdatedAt), strings.Compare(a.Scope, b.Scope),
+			strings.Compare(a.Endpoint, b.Endpoint), strings.Compare(a.Key, b.Key))
+	})
+}
+
+// KeyReconcileFail implements idemstore.Store.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	return s.fencedExec(ctx, s.db, "recording a reconciliation failure", failReconcileKey, p.Identity, p.Token,
+		idemstore.TruncateReconcileError(p.Error), micros(s.now().Add(p.Delay)))
+}
+
+// KeyBacklog implements idemstore.Store.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	var (
+		n      int
+		oldest int64
+	)
+	if err := s.rdb.QueryRowContext(ctx, backlogKeys).Scan(&n, &oldest); err != nil {
+		return nil, interpretError("counting unknown keys", err)
+	}
+	b := &idemstore.Backlog{Unknown: n}
+	if n > 0 {
+		b.OldestUnknownSince = fromMicros(oldest)
+	}
+	return b, nil
 }
 
 // scanRecords reads and closes rows.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"net/http"
 	"time"
+	"unicode/utf8"
 )
 
 // State is the lifecycle state of an idempotency record.
@@ -84,8 +85,54 @@ type Record struct {
 	Attempts  int
 	CreatedAt time.Time
 	UpdatedAt time.Time
-	// ExpiresAt is the end of retention: past it the record is gone.
+	// ExpiresAt is the end of retention: past it a settled record is gone.
+	// An unknown record never expires (see Store); when it is settled its
+	// retention starts again: ExpiresAt = then + TTL.
 	ExpiresAt time.Time
+	// TTL is the retention the record was reserved with (ReserveParams.TTL).
+	TTL time.Duration
+
+	// ReconcileAfter is when the reconciler may next ask about the record
+	// while it is unknown (KeyReconcileClaim); zero means at once.
+	ReconcileAfter time.Time
+	// ReconcileAttempts counts the failed reconciliation attempts of the
+	// current unknown outcome (KeyReconcileFail). A new attempt of the
+	// request (a reservation) starts the reconciliation state afresh.
+	ReconcileAttempts int
+	// ReconcileError is the last failed attempt's error, at most
+	// MaxReconcileError bytes.
+	ReconcileError string
+}
+
+// MaxReconcileError bounds Record.ReconcileError in bytes; stores cut a
+// longer error with TruncateReconcileError.
+const MaxReconcileError = 256
+
+// TruncateReconcileError returns s cut to at most MaxReconcileError bytes,
+// on a UTF-8 boundary, with "…" marking the cut.
+func TruncateReconcileError(s string) string {
+	if len(s) <= MaxReconcileError {
+		return s
+	}
+	const mark = "…"
+	n := MaxReconcileError - len(mark)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + mark
+}
+
+// Expired reports whether r is gone at now: past its ExpiresAt and not
+// unknown. An unknown record (or an in_progress one whose expired lease
+// turns unknown) never expires.
+func (r *Record) Expired(now time.Time) bool {
+	if now.Before(r.ExpiresAt) {
+		return false
+	}
+	if r.State == StateUnknown {
+		return false
+	}
+	return !(r.LeaseExpired(now) && r.LeaseExpiredState != StateReleased)
 }
 
 // LeaseExpired reports whether r is in_progress with a lease that ended at or
@@ -177,6 +224,51 @@ type ReapParams struct {
 	Limit int
 }
 
+// PurgeParams are the inputs of Store.KeyPurge.
+type PurgeParams struct {
+	Identity
+	// Token, when not empty, must equal the record's token (as the operator
+	// read it), else ErrLeaseLost: the purge then names the record the
+	// operator looked at.
+	Token string
+	// Force allows purging a record that is unknown or in_progress: the
+	// operator accepts that the next request with the key executes again,
+	// although an earlier attempt may have had (or may still have) its
+	// effect.
+	Force bool
+}
+
+// ReconcileClaimParams are the inputs of Store.KeyReconcileClaim.
+type ReconcileClaimParams struct {
+	// Limit bounds the batch. Defaults to 100 when zero.
+	Limit int
+	// Hold is how long the claimed records are withheld from other
+	// claimers: ReconcileAfter = now + Hold. It should outlast one
+	// reconciliation pass.
+	Hold time.Duration
+}
+
+// ReconcileFailParams are the inputs of Store.KeyReconcileFail.
+type ReconcileFailParams struct {
+	Identity
+	// Token must equal the record's token (as claimed), else ErrLeaseLost.
+	Token string
+	// Error is the failure, stored cut to MaxReconcileError bytes; empty
+	// when the reconciler could not tell yet without failing.
+	Error string
+	// Delay is the backoff: ReconcileAfter = now + Delay.
+	Delay time.Duration
+}
+
+// Backlog is the result of Store.KeyBacklog.
+type Backlog struct {
+	// Unknown is the number of records stored as unknown.
+	Unknown int
+	// OldestUnknownSince is when the oldest of them turned unknown (its
+	// UpdatedAt); zero when there is none.
+	OldestUnknownSince time.Time
+}
+
 // ListParams filter Store.KeyList. Zero fields do not filter.
 type ListParams struct {
 	State    State
@@ -199,13 +291,28 @@ type ListParams struct {
 // unavailable: the middleware fails closed on them.
 //
 // Time comes from the store's clock, never from the caller's parameters.
+//
+// Retention: a completed or released record past its ExpiresAt is gone (see
+// Record.Expired). An unknown record is never gone while unresolved: every
+// method treats it as live past its ExpiresAt, KeyReap never deletes it, and
+// no backend TTL removes it. It leaves unknown only by being settled
+// (KeyComplete by the late true outcome, KeyRelease, KeyResolve), which
+// restarts its retention (ExpiresAt = now + TTL), or by KeyPurge with Force.
+//
+// Reconciliation state (added with KeyPurge, KeyReconcileClaim,
+// KeyReconcileFail and KeyBacklog): every record carries ReconcileAfter,
+// ReconcileAttempts and ReconcileError, reset by a reservation that starts a
+// new attempt, so that any process can carry on reconciling where another
+// stopped.
 type Store interface {
 	// KeyReserve atomically inserts a new in_progress record or takes over a
 	// released one (or an expired lease that turns released), and otherwise
-	// returns the existing record. It never checks then inserts. A record
-	// past its ExpiresAt is treated as absent and replaced.
+	// returns the existing record. It never checks then inserts. An expired
+	// record (Record.Expired) is treated as absent and replaced. A new
+	// attempt (insert or takeover) stores p.TTL and starts the
+	// reconciliation state afresh.
 	KeyReserve(ctx context.Context, p *ReserveParams) (*ReserveResult, error)
-	// KeyGet returns the record, or ErrNotFound (also past ExpiresAt). An
+	// KeyGet returns the record, or ErrNotFound (also when expired). An
 	// in_progress record with an expired lease is reported in the state it
 	// turns into (without writing).
 	KeyGet(ctx context.Context, id Identity) (*Record, error)
@@ -232,11 +339,35 @@ type Store interface {
 	// KeySweep turns in_progress records whose lease expired into their
 	// LeaseExpiredState, at most p.Limit of them, and returns them.
 	KeySweep(ctx context.Context, p *SweepParams) ([]*Record, error)
-	// KeyReap deletes at most p.Limit records past ExpiresAt and returns how
-	// many it deleted.
+	// KeyReap deletes at most p.Limit expired records (Record.Expired:
+	// never an unknown one) and returns how many it deleted.
 	KeyReap(ctx context.Context, p *ReapParams) (int, error)
 	// KeyList returns records ordered by (Scope, Endpoint, Key).
 	KeyList(ctx context.Context, p *ListParams) ([]*Record, error)
+
+	// KeyPurge deletes a record for an operator and returns it as it was.
+	// A completed or released record is deleted as asked; an unknown
+	// record (or an in_progress one whose expired lease turns unknown) or
+	// an in_progress record with a live lease only with p.Force, else
+	// ErrInvalidState. It returns ErrNotFound when there is no live record
+	// and ErrLeaseLost when p.Token is set and differs.
+	KeyPurge(ctx context.Context, p *PurgeParams) (*Record, error)
+	// KeyReconcileClaim claims up to p.Limit records stored as unknown whose
+	// ReconcileAfter is at or before now, earliest ReconcileAfter first: it
+	// sets their ReconcileAfter to now + p.Hold and returns them. While the
+	// hold lasts no other claim returns them, so concurrent reconcilers
+	// never ask about the same record at once. (An in_progress record whose
+	// lease expired is claimed once KeySweep or a reservation has turned it
+	// unknown.)
+	KeyReconcileClaim(ctx context.Context, p *ReconcileClaimParams) ([]*Record, error)
+	// KeyReconcileFail records an attempt that left the record unknown:
+	// ReconcileAttempts+1, ReconcileError = p.Error (cut to
+	// MaxReconcileError bytes), ReconcileAfter = now + p.Delay. It returns
+	// ErrLeaseLost when the token differs or the record is not unknown.
+	KeyReconcileFail(ctx context.Context, p *ReconcileFailParams) error
+	// KeyBacklog counts the records stored as unknown, across every
+	// process using the store, and reports the oldest.
+	KeyBacklog(ctx context.Context) (*Backlog, error)
 }
 
 // Waiter is implemented by stores that can tell a waiting request that a

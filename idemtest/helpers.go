@@ -202,6 +202,10 @@ func diffRecords(got, want *idemstore.Record) []string {
 	tm("CreatedAt", got.CreatedAt, want.CreatedAt)
 	tm("UpdatedAt", got.UpdatedAt, want.UpdatedAt)
 	tm("ExpiresAt", got.ExpiresAt, want.ExpiresAt)
+	field("TTL", got.TTL, want.TTL)
+	tm("ReconcileAfter", got.ReconcileAfter, want.ReconcileAfter)
+	field("ReconcileAttempts", got.ReconcileAttempts, want.ReconcileAttempts)
+	field("ReconcileError", got.ReconcileError, want.ReconcileError)
 	if msg := diffResponses(got.Response, want.Response); msg != "" {
 		d = append(d, "Response: "+msg)
 	}

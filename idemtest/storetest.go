@@ -21,8 +21,16 @@
 //     KeyRenew) on a missing record return idemstore.ErrLeaseLost; KeyResolve
 //     on a missing record returns idemstore.ErrNotFound.
 //   - A lease expires when the clock reaches LockedUntil
-//     (idemstore.Record.LeaseExpired); a record is gone once the clock is
-//     past ExpiresAt.
+//     (idemstore.Record.LeaseExpired); a completed or released record is
+//     gone once the clock is past ExpiresAt.
+//   - An unknown record (or an in_progress one whose expired lease turns
+//     unknown) is never gone: KeyGet and KeyReserve return it, KeyReap
+//     leaves it, however far past ExpiresAt the clock is. Settling it
+//     restarts its retention (ExpiresAt = now + TTL); only KeyPurge with
+//     Force removes it.
+//   - KeyReconcileClaim hands each due unknown record to one claimer while
+//     its hold lasts (concurrent claimers never share one), and a
+//     new attempt resets the reconciliation state.
 //   - Taking over a record keeps CreatedAt, ExpiresAt and RecoveryPoint and
 //     starts a new attempt: new token, StartedAt and UpdatedAt now,
 //     LockedUntil now+lease, Attempts+1, no response.
@@ -126,6 +134,18 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T, clock *Clock) idems
 		t.Parallel()
 		testList(t, setup)
 	})
+	t.Run("Retention", func(t *testing.T) {
+		t.Parallel()
+		testRetention(t, setup)
+	})
+	t.Run("Purge", func(t *testing.T) {
+		t.Parallel()
+		testPurge(t, setup)
+	})
+	t.Run("ReconcileState", func(t *testing.T) {
+		t.Parallel()
+		testReconcileState(t, setup)
+	})
 	t.Run("Transactional", func(t *testing.T) {
 		t.Parallel()
 		testTransactional(t, setup)
@@ -162,6 +182,7 @@ func testReserve(t *testing.T, setup setupFunc) {
 			CreatedAt:         now,
 			UpdatedAt:         now,
 			ExpiresAt:         now.Add(testTTL),
+			TTL:               testTTL,
 		}
 		requireSameRecord(t, "reserved record", r, want)
 		requireSameRecord(t, "KeyGet after reserve", b.get(t, b.id), want)
@@ -244,15 +265,22 @@ func testReserve(t *testing.T, setup setupFunc) {
 			CreatedAt:         now,
 			UpdatedAt:         now,
 			ExpiresAt:         now.Add(testTTL),
+			TTL:               testTTL,
 		})
 	})
 
-	t.Run("ExpiredInProgressIsNew", func(t *testing.T) {
+	t.Run("ExpiredInProgressIsNewOnlyWhenReleased", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		p := b.params(b.id)
 		p.TTL = time.Minute
+		p.LeaseExpiredState = idemstore.StateReleased
 		b.reserveNew(t, p)
+		unknown := b.id
+		unknown.Key = "turns-unknown"
+		pu := b.params(unknown)
+		pu.TTL = time.Minute
+		b.reserveNew(t, pu)
 
 		b.clock.Advance(time.Minute + time.Second)
 		b.requireNotFound(t, b.id)
@@ -260,6 +288,8 @@ func testReserve(t *testing.T, setup setupFunc) {
 		if r.Attempts != 1 {
 			t.Fatalf("Attempts = %d, want 1 for a new record", r.Attempts)
 		}
+		// A lease that turns unknown never expires (see Retention).
+		requireState(t, b.reserveExisting(t, b.params(unknown)), idemstore.StateUnknown)
 	})
 
 	t.Run("FingerprintMismatch", func(t *testing.T) {
@@ -1179,22 +1209,29 @@ func testReap(t *testing.T, setup setupFunc) {
 		}
 
 		b.clock.Advance(2 * time.Hour)
+		// The unknown record and the expired lease that turns unknown are
+		// never reaped: only the completed and the released ones.
+		gone := []idemstore.Identity{short[0], short[3]}
+		kept := []idemstore.Identity{short[1], short[2]}
 		total := 0
-		for _, want := range []int{3, 1, 0} {
-			n, err := b.store.KeyReap(b.ctx, &idemstore.ReapParams{Limit: 3})
+		for _, want := range []int{1, 1, 0} {
+			n, err := b.store.KeyReap(b.ctx, &idemstore.ReapParams{Limit: 1})
 			if err != nil {
 				t.Fatalf("KeyReap: %v", err)
 			}
 			if n != want {
-				t.Fatalf("KeyReap(Limit 3) = %d, want %d", n, want)
+				t.Fatalf("KeyReap(Limit 1) = %d, want %d", n, want)
 			}
 			total += n
 		}
-		if total != len(short) {
-			t.Fatalf("reaped %d records, want %d", total, len(short))
+		if total != len(gone) {
+			t.Fatalf("reaped %d records, want %d", total, len(gone))
 		}
-		for _, id := range short {
+		for _, id := range gone {
 			b.requireNotFound(t, id)
+		}
+		for _, id := range kept {
+			requireState(t, b.get(t, id), idemstore.StateUnknown)
 		}
 		for _, id := range long {
 			b.get(t, id)
@@ -1212,6 +1249,7 @@ func testReap(t *testing.T, setup setupFunc) {
 			p := b.params(id)
 			p.TTL = time.Minute
 			b.reserveNew(t, p)
+			b.complete(t, id, p.Token, sampleResponse())
 		}
 		b.clock.Advance(time.Hour)
 		n, err := b.store.KeyReap(b.ctx, &idemstore.ReapParams{})
@@ -1366,6 +1404,7 @@ func testList(t *testing.T, setup setupFunc) {
 		p := b.params(short)
 		p.TTL = time.Minute
 		b.reserveNew(t, p)
+		b.complete(t, short, p.Token, sampleResponse())
 		b.reserveNew(t, b.params(b.id))
 		b.clock.Advance(time.Hour)
 		if got := identities(list(t, b, &idemstore.ListParams{})); !slices.Equal(got, []idemstore.Identity{b.id}) {

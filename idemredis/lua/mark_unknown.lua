@@ -1,7 +1,7 @@
 -- mark_unknown.lua moves an in_progress record to unknown when the token
 -- matches.
 --
--- KEYS[1] record, KEYS[2] lease index
+-- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] token, ARGV[3] lease index member, ARGV[4] channel
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
@@ -13,5 +13,6 @@ if r.state ~= 'in_progress' then
 end
 redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
+turned_unknown(record_keys(), ARGV[3], ARGV[1])
 notify(ARGV[4])
 return 1

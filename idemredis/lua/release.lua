@@ -1,7 +1,7 @@
 -- release.lua moves the record to released (from in_progress or unknown) when
 -- the token matches. The recovery point is kept.
 --
--- KEYS[1] record, KEYS[2] lease index
+-- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] token, ARGV[3] lease index member, ARGV[4] channel
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
@@ -11,7 +11,9 @@ end
 if r.state ~= 'in_progress' and r.state ~= 'unknown' then
   return lease_lost()
 end
+local was_unknown = is_unknown(r, now)
 redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
+settled(record_keys(), ARGV[3], r, now, ARGV[1], was_unknown)
 notify(ARGV[4])
 return 1

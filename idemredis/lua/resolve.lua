@@ -1,7 +1,7 @@
 -- resolve.lua settles an unknown record (or an in_progress one whose expired
 -- lease turns unknown) to completed or released when the token matches.
 --
--- KEYS[1] record, KEYS[2] lease index
+-- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] token, ARGV[3] target state,
 -- ARGV[4] not_replayable ('1' or '0'), ARGV[5] status, ARGV[6] header,
 -- ARGV[7] body, ARGV[8] lease index member, ARGV[9] channel
@@ -13,11 +13,7 @@ end
 if not fenced(r, ARGV[2]) then
   return lease_lost()
 end
-local state = r.state
-if lease_expired(r, now) then
-  state = r.lease_expired_state
-end
-if state ~= 'unknown' then
+if not is_unknown(r, now) then
   return redis.error_reply('IDEM_INVALID_STATE')
 end
 
@@ -32,5 +28,6 @@ else
     'header', ARGV[6], 'body', ARGV[7], 'updated_at', ARGV[1])
 end
 redis.call('ZREM', KEYS[2], ARGV[8])
+settled(record_keys(), ARGV[8], r, now, ARGV[1], true)
 notify(ARGV[9])
 return 1

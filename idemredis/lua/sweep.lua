@@ -3,7 +3,7 @@
 -- entries of records that are gone or no longer in_progress are removed, a
 -- renewed lease is re-scored. Returns nil when nothing changed.
 --
--- KEYS[1] record, KEYS[2] lease index
+-- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] index member, ARGV[3] channel
 local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
@@ -18,5 +18,8 @@ end
 redis.call('HSET', KEYS[1], 'state', r.lease_expired_state,
   'updated_at', ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
+if r.lease_expired_state == 'unknown' then
+  turned_unknown(record_keys(), ARGV[2], ARGV[1])
+end
 notify(ARGV[3])
 return redis.call('HGETALL', KEYS[1])

@@ -2,12 +2,12 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"slices"
@@ -39,7 +39,7 @@ var keysCommands = []keysCommand{
 	{"list", "list records, filtered by state, tenant, endpoint and age", runKeysList},
 	{"show", "print one record: its state, times and stored response", runKeysShow},
 	{"resolve", "settle an unknown record to completed or released", runKeysResolve},
-	{"purge", "delete expired records, or one released record", runKeysPurge},
+	{"purge", "delete expired records, or one record (--force for unknown, in_progress, completed)", runKeysPurge},
 	{"rotate-encryption", "re-encrypt stored responses under the newest key", runKeysRotate},
 }
 
@@ -315,6 +315,10 @@ type jsonRecord struct {
 	NotReplayable     bool            `json:"not_replayable,omitempty"`
 	ResponseStatus    int             `json:"response_status,omitempty"`
 	Response          *jsonResponse   `json:"response,omitempty"`
+	// The reconciliation state (idemstore.Record.ReconcileAfter...).
+	ReconcileAfter    *time.Time `json:"reconcile_after,omitempty"`
+	ReconcileAttempts int        `json:"reconcile_attempts,omitempty"`
+	ReconcileError    string     `json:"reconcile_error,omitempty"`
 }
 
 type jsonResponse struct {
@@ -334,6 +338,11 @@ func recordJSON(r *idemstore.Record, full bool) jsonRecord {
 		lu := r.LockedUntil.UTC()
 		j.LockedUntil = &lu
 	}
+	if !r.ReconcileAfter.IsZero() {
+		ra := r.ReconcileAfter.UTC()
+		j.ReconcileAfter = &ra
+	}
+	j.ReconcileAttempts, j.ReconcileError = r.ReconcileAttempts, r.ReconcileError
 	if r.Response != nil {
 		j.ResponseStatus = r.Response.Status
 		if full {
@@ -473,8 +482,26 @@ func printRecord(w io.Writer, r *idemstore.Record, now time.Time) {
 	if r.State == idemstore.StateInProgress {
 		fmt.Fprintf(tw, "locked until:\t%s\n", at(r.LockedUntil))
 	}
-	fmt.Fprintf(tw, "expires:\t%s\n", at(r.ExpiresAt))
+	if r.State == idemstore.StateUnknown {
+		fmt.Fprintf(tw, "expires:\tnever while unknown (retention %s restarts when it is settled)\n", roughDuration(r.TTL))
+	} else {
+		fmt.Fprintf(tw, "expires:\t%s\n", at(r.ExpiresAt))
+	}
 	fmt.Fprintf(tw, "lease expires to:\t%s\n", r.LeaseExpiredState)
+	if r.State == idemstore.StateUnknown {
+		switch {
+		case r.ReconcileAfter.IsZero() || !r.ReconcileAfter.After(now):
+			fmt.Fprintf(tw, "next reconcile:\tdue now\n")
+		default:
+			fmt.Fprintf(tw, "next reconcile:\t%s\n", at(r.ReconcileAfter))
+		}
+	}
+	if r.State == idemstore.StateUnknown || r.ReconcileAttempts > 0 {
+		fmt.Fprintf(tw, "reconcile attempts:\t%d\n", r.ReconcileAttempts)
+	}
+	if r.ReconcileError != "" {
+		fmt.Fprintf(tw, "reconcile error:\t%s\n", printable(r.ReconcileError))
+	}
 	if r.RecoveryPoint != "" {
 		fmt.Fprintf(tw, "recovery point:\t%s\n", printable(r.RecoveryPoint))
 	}
@@ -701,21 +728,24 @@ type keysPurgeOptions struct {
 	identityFlags
 	key       string
 	batchSize int
+	force     bool
 }
 
 func parseKeysPurge(args []string, e *env) (*keysPurgeOptions, *idemstore.Identity, error) {
 	o := &keysPurgeOptions{identityFlags: identityFlags{store: storeurl.Default}, batchSize: 1000}
-	fs := newFlagSet("keys purge", "idem keys purge [--store URL] [--batch-size N] | --key KEY --endpoint ENDPOINT [--tenant SCOPE]",
+	fs := newFlagSet("keys purge", "idem keys purge [--store URL] [--batch-size N] | --key KEY --endpoint ENDPOINT [--tenant SCOPE] [--force]",
 		"Without --key, deletes every record past its retention, in batches, as the\n"+
-			"reaper of 'idem maintain' does.\n"+
-			"With --key, deletes one released record, so that its key can be used again\n"+
-			"with another request. The deletion is fenced: the record is taken over like a\n"+
-			"retry would, then deleted. Other states are refused: an in_progress record\n"+
-			"belongs to a running attempt; an unknown one must be resolved first ('idem\n"+
-			"keys resolve'); a completed one stays until its retention ends (the store\n"+
-			"contract has no fenced delete for it). An audit line goes to stderr.")
+			"reaper of 'idem maintain' does (never an unknown record: it does not expire).\n"+
+			"With --key, deletes one record, so that its key can be used again with\n"+
+			"another request. A released record is deleted as asked. Any other state\n"+
+			"needs --force, because the next request with the key then executes again:\n"+
+			"an unknown record's operation may have happened (settle it with 'idem keys\n"+
+			"resolve' instead when you can), an in_progress one belongs to a running\n"+
+			"attempt, a completed one's operation did happen. The deletion is fenced on\n"+
+			"the record as read just before. An audit line goes to stderr.")
 	o.register(fs)
 	fs.StringVar(&o.key, "key", "", "the `KEY` of the one record to delete")
+	fs.BoolVar(&o.force, "force", false, "with --key: delete an unknown, in_progress or completed record too")
 	fs.Var(countValue{&o.batchSize}, "batch-size", "records deleted per store call, at most `N`, without --key")
 	if err := fs.parse(args, e); err != nil {
 		return nil, nil, err
@@ -726,6 +756,9 @@ func parseKeysPurge(args []string, e *env) (*keysPurgeOptions, *idemstore.Identi
 		}
 		if o.batchSize == 0 {
 			return nil, nil, usageErrorf("--batch-size must be positive")
+		}
+		if o.force {
+			return nil, nil, usageErrorf("--force goes with --key: expired records need none")
 		}
 		return o, nil, nil
 	}
@@ -749,7 +782,7 @@ func runKeysPurge(ctx context.Context, e *env, args []string, open storeOpener) 
 	if id == nil {
 		return purgeExpired(ctx, e, store, o.batchSize)
 	}
-	return purgeOne(ctx, e, store, *id)
+	return purgeOne(ctx, e, store, *id, o.force)
 }
 
 // purgeExpired reaps until no expired record is left.
@@ -770,48 +803,53 @@ func purgeExpired(ctx context.Context, e *env, store idemstore.Store, batch int)
 	return nil
 }
 
-// purgeLease bounds the takeover of a released record being purged, should
-// the command die between the takeover and the deletion: the record then
-// turns back into its lease-expired state.
-const purgeLease = 30 * time.Second
-
-// purgeOne deletes one released record with the store's fenced operations:
-// it takes the record over as a retry would (KeyReserve with the record's
-// fingerprint and a new token) and deletes it as a rejected attempt
-// (KeyDelete with that token). The store contract has no fenced delete of a
-// settled record, so completed and unknown records are refused.
-func purgeOne(ctx context.Context, e *env, store idemstore.Store, id idemstore.Identity) error {
+// purgeOne deletes one record with the store's administrative delete
+// (KeyPurge), fenced on the token read just before. A released record needs
+// nothing more; any other state needs force, and its refusal says why.
+func purgeOne(ctx context.Context, e *env, store idemstore.Store, id idemstore.Identity, force bool) error {
 	rec, err := getRecord(ctx, store, id)
 	if err != nil {
 		return err
 	}
-	switch rec.State {
-	case idemstore.StateInProgress:
-		return fmt.Errorf("the record is in_progress: an attempt holds its lease until %s; wait for it to finish",
-			rec.LockedUntil.UTC().Format(time.RFC3339))
-	case idemstore.StateUnknown:
-		return errors.New("the record is unknown: its operation may have happened; settle it first with 'idem keys resolve --to completed|released'")
-	case idemstore.StateCompleted:
-		return fmt.Errorf("the record is completed: it is kept until its retention ends at %s, when the reaper deletes it (the store has no operation that deletes a settled record earlier)",
-			rec.ExpiresAt.UTC().Format(time.RFC3339))
+	name := describeRecord(id)
+	if !force {
+		switch rec.State {
+		case idemstore.StateInProgress:
+			return fmt.Errorf("%s is in_progress: an attempt holds its lease until %s; wait for it to finish, or delete it with --force (the next request with the key then executes again, maybe while the first one runs)",
+				name, rec.LockedUntil.UTC().Format(time.RFC3339))
+		case idemstore.StateUnknown:
+			return fmt.Errorf("%s is unknown: its operation may have happened; settle it first with 'idem keys resolve --to completed|released', or delete it with --force (the next request with the key then executes again)", name)
+		case idemstore.StateCompleted:
+			return fmt.Errorf("%s is completed: it is kept until its retention ends at %s, when the reaper deletes it; delete it now with --force (the next request with the key then executes again)",
+				name, rec.ExpiresAt.UTC().Format(time.RFC3339))
+		}
 	}
-	token := rand.Text()
-	res, err := store.KeyReserve(ctx, &idemstore.ReserveParams{
-		Identity: id, Fingerprint: rec.Fingerprint, Token: token,
-		Lease: purgeLease, TTL: purgeLease, LeaseExpiredState: rec.LeaseExpiredState,
-	})
-	if err != nil {
-		return fmt.Errorf("taking the record over: %w", err)
+	purged, err := store.KeyPurge(ctx, &idemstore.PurgeParams{Identity: id, Token: rec.Token, Force: force})
+	switch {
+	case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrNotFound), errors.Is(err, idemstore.ErrInvalidState):
+		return fmt.Errorf("%s changed after it was read (another attempt, resolver or purge got to it); nothing was deleted: look at it again with 'idem keys show' (%w)", name, err)
+	case err != nil:
+		return fmt.Errorf("deleting %s: %w", name, err)
 	}
-	if !res.Reserved {
-		return fmt.Errorf("the record changed after it was read (it is now %s); nothing was deleted", res.Record.State)
+	level := slog.LevelInfo
+	if purged.State != idemstore.StateReleased {
+		level = slog.LevelWarn
 	}
-	if err := store.KeyDelete(ctx, &idemstore.FinishParams{Identity: id, Token: token}); err != nil {
-		return fmt.Errorf("deleting the record after taking it over (it stays in_progress until %s, then turns %s): %w",
-			time.Now().Add(purgeLease).UTC().Format(time.RFC3339), rec.LeaseExpiredState, err)
+	e.logger.Log(ctx, level, "idem keys: record purged", "action", "purge", "key_hash", id.LogHash(), "endpoint", id.Endpoint, "scope", id.Scope,
+		"from", string(purged.State), "to", "deleted", "force", force, "operator", operator(e))
+	if purged.State == idemstore.StateReleased {
+		fmt.Fprintf(e.stdout, "Purged %s: the key may be used again.\n", printable(id.Key))
+	} else {
+		fmt.Fprintf(e.stdout, "Purged %s, which was %s: the next request with the key executes again.\n", printable(id.Key), purged.State)
 	}
-	e.logger.Info("idem keys: record purged", "action", "purge", "key_hash", id.LogHash(), "endpoint", id.Endpoint, "scope", id.Scope,
-		"from", string(rec.State), "to", "deleted", "operator", operator(e))
-	fmt.Fprintf(e.stdout, "Purged %s: the key may be used again.\n", printable(id.Key))
 	return nil
+}
+
+// describeRecord names a record for an operator: its key, endpoint and
+// tenant.
+func describeRecord(id idemstore.Identity) string {
+	if id.Scope == "" {
+		return fmt.Sprintf("the record with key %s on %q", printable(id.Key), id.Endpoint)
+	}
+	return fmt.Sprintf("the record with key %s on %q in tenant %q", printable(id.Key), id.Endpoint, id.Scope)
 }

@@ -465,6 +465,33 @@ func testKeysShow(t *testing.T, b *keysBackend, acme string) {
 		string(j.Response.BodyBase64) != `{"id":"pay_1"}` || j.Response.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("show --json: exit %d, %q (%v)", code, out, err)
 	}
+	// An unknown record shows that it never expires and its reconciliation
+	// state.
+	unk := idemstore.Identity{Scope: acme, Endpoint: payments, Key: "k-show-unknown"}
+	seed(t, b.store, unk, idemstore.StateUnknown, time.Hour)
+	rec, err := b.store.KeyGet(t.Context(), unk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.KeyReconcileFail(t.Context(), &idemstore.ReconcileFailParams{Identity: unk, Token: rec.Token, Error: "upstream answered 503", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = b.keys(t, nil, "show", "--tenant", acme, "--endpoint", payments, "k-show-unknown")
+	for _, want := range []string{"state:               unknown\n", "never while unknown", "reconcile attempts:  1\n", "reconcile error:     upstream answered 503\n"} {
+		if code != ExitOK || !strings.Contains(out, want) {
+			t.Errorf("show of an unknown record lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^next reconcile:\s+\S+Z \(in (59m\d+s|1h0m0s)\)$`).MatchString(out) {
+		t.Errorf("show lacks the next reconcile time:\n%s", out)
+	}
+	code, out, _ = b.keys(t, nil, "show", "--tenant", acme, "--endpoint", payments, "--json", "k-show-unknown")
+	if err := json.Unmarshal([]byte(out), &j); code != ExitOK || err != nil || j.ReconcileAttempts != 1 || j.ReconcileError != "upstream answered 503" || j.ReconcileAfter == nil {
+		t.Errorf("show --json of an unknown record: exit %d, %q (%v)", code, out, err)
+	}
+	if _, err := b.store.KeyPurge(t.Context(), &idemstore.PurgeParams{Identity: unk, Force: true}); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ = b.keys(t, nil, "show", "--tenant", acme, "--endpoint", payments, "k-progress")
 	if code != ExitOK || !regexp.MustCompile(`(?m)^locked until:\s+\S+Z \(in `).MatchString(out) || !strings.Contains(out, "response:          none\n") {
 		t.Errorf("show of an in_progress record: exit %d\n%s", code, out)
@@ -531,7 +558,7 @@ func testKeysPurge(t *testing.T, b *keysBackend, acme string) {
 	code, out, stderr := purge("k-released")
 	if code != ExitOK || out != "Purged k-released: the key may be used again.\n" ||
 		!strings.Contains(stderr, `msg="idem keys: record purged" action=purge key_hash=`+id.LogHash()) ||
-		!strings.Contains(stderr, "from=released to=deleted operator=bob") {
+		!strings.Contains(stderr, "from=released to=deleted force=false operator=bob") {
 		t.Fatalf("purge --key: exit %d, stdout %q, stderr %s", code, out, stderr)
 	}
 	if _, err := b.store.KeyGet(ctx, id); !errors.Is(err, idemstore.ErrNotFound) {
@@ -542,18 +569,38 @@ func testKeysPurge(t *testing.T, b *keysBackend, acme string) {
 		t.Errorf("a new request on the purged key = %+v, %v; want a new record", res, err)
 	}
 	for _, tt := range []struct{ key, want string }{
-		{"k-completed", "the record is completed: it is kept until its retention ends at"},
-		{"k-progress", "the record is in_progress: an attempt holds its lease"},
-		{"k-released", "the record is in_progress"}, // the new request above
+		{"k-completed", "the record with key k-completed on \"POST /v1/payments\" in tenant \"" + acme + "\" is completed: it is kept until its retention ends at"},
+		{"k-progress", "is in_progress: an attempt holds its lease"},
+		{"k-released", "is in_progress"}, // the new request above
 		{"missing", "no record with key missing"},
 	} {
-		if code, _, stderr := purge(tt.key); code != ExitError || !strings.Contains(stderr, tt.want) {
+		if code, _, stderr := purge(tt.key); code != ExitError || !strings.Contains(stderr, tt.want) || !strings.Contains(stderr, "--force") && tt.key != "missing" {
 			t.Errorf("purge --key %s: exit %d, stderr %s; want 1 and %q", tt.key, code, stderr, tt.want)
 		}
 	}
-	seed(t, b.store, idemstore.Identity{Scope: acme, Endpoint: payments, Key: "k-unknown-3"}, idemstore.StateUnknown, time.Hour)
-	if code, _, stderr := purge("k-unknown-3"); code != ExitError || !strings.Contains(stderr, "settle it first with 'idem keys resolve") {
+	// An unknown record: refused without --force, named; deleted with it,
+	// with a warning audit line.
+	unknownID := idemstore.Identity{Scope: acme, Endpoint: payments, Key: "k-unknown-3"}
+	seed(t, b.store, unknownID, idemstore.StateUnknown, time.Hour)
+	if code, _, stderr := purge("k-unknown-3"); code != ExitError ||
+		!strings.Contains(stderr, `the record with key k-unknown-3 on "POST /v1/payments" in tenant "`+acme+`" is unknown`) ||
+		!strings.Contains(stderr, "settle it first with 'idem keys resolve") || !strings.Contains(stderr, "--force") {
 		t.Errorf("purge of an unknown record: exit %d, stderr %s", code, stderr)
+	}
+	if _, err := b.store.KeyGet(ctx, unknownID); err != nil {
+		t.Fatalf("the unknown record after a refused purge: %v", err)
+	}
+	code, out, stderr = b.keys(t, vars, "purge", "--tenant", acme, "--endpoint", payments, "--key", "k-unknown-3", "--force")
+	if code != ExitOK || out != "Purged k-unknown-3, which was unknown: the next request with the key executes again.\n" ||
+		!strings.Contains(stderr, `level=WARN msg="idem keys: record purged" action=purge key_hash=`+unknownID.LogHash()) ||
+		!strings.Contains(stderr, "from=unknown to=deleted force=true operator=bob") || strings.Contains(stderr, "k-unknown-3") {
+		t.Fatalf("purge --force of an unknown record: exit %d, stdout %q, stderr %s", code, out, stderr)
+	}
+	if _, err := b.store.KeyGet(ctx, unknownID); !errors.Is(err, idemstore.ErrNotFound) {
+		t.Errorf("KeyGet after purge --force = %v, want ErrNotFound", err)
+	}
+	if code, _, stderr := b.keys(t, vars, "purge", "--force"); code != ExitUsage || !strings.Contains(stderr, "--force goes with --key") {
+		t.Errorf("purge --force without --key: exit %d, stderr %s", code, stderr)
 	}
 	// Without --key: the expired records, in batches of one.
 	seed(t, b.store, idemstore.Identity{Scope: acme, Endpoint: payments, Key: "k-expired-2"}, idemstore.StateInProgress, 0)
@@ -564,8 +611,8 @@ func testKeysPurge(t *testing.T, b *keysBackend, acme string) {
 	if code, out, _ := b.keys(t, vars, "purge"); code != ExitOK || out != "Purged 0 expired records.\n" {
 		t.Errorf("second purge: exit %d, stdout %q", code, out)
 	}
-	if recs, err := b.store.KeyList(ctx, &idemstore.ListParams{Scope: acme}); err != nil || len(recs) != 5 {
-		t.Errorf("records left after purging = %d, %v; want the 5 live ones", len(recs), err)
+	if recs, err := b.store.KeyList(ctx, &idemstore.ListParams{Scope: acme}); err != nil || len(recs) != 4 {
+		t.Errorf("records left after purging = %d, %v; want the 4 live ones (the unknown one was purged with --force)", len(recs), err)
 	}
 }
 

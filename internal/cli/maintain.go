@@ -78,11 +78,11 @@ func maintainerConfig(e *env, sweep, reap time.Duration, batch int) *idemmaint.C
 		BatchSize:     batch,
 		Logger:        e.logger,
 		OnReconcile: func(res idemmaint.ReconcileResult, err error) {
-			if err != nil || res.Listed == 0 {
+			if err != nil || res.Backlog == 0 {
 				return
 			}
 			e.logger.Warn("idem maintain: unknown records await an operator; list them with 'idem keys list --state unknown' and settle them with 'idem keys resolve'",
-				slog.Int("count", res.Listed), slog.Bool("truncated", res.Truncated))
+				slog.Int("count", res.Backlog))
 		},
 	}
 }

@@ -192,12 +192,12 @@ func TestMigrateSQLite(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	migrateCycle(t, "sqlite:"+path, []string{"001_create_keys"})
+	migrateCycle(t, "sqlite:"+path, []string{"001_create_keys", "002_reconcile_state"})
 }
 
 func TestMigratePostgres(t *testing.T) {
 	t.Parallel()
-	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters"})
+	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters", "003_reconcile_state"})
 }
 
 func TestMigrateFailures(t *testing.T) {

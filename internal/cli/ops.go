@@ -86,7 +86,7 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := idemprom.New(reg, &idemprom.Config{TenantLabel: p.TenantLabel})
-	if p.Maintainer != nil || p.Outbox != nil {
+	if p.Maintainer != nil || p.Outbox != nil || p.Store != nil {
 		if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats { return maintainerStats(p) }); err != nil {
 			return nil, err
 		}
@@ -145,6 +145,20 @@ func maintainerStats(p opsParts) idemprom.MaintainerStats {
 		s.Swept, s.Reaped = st.Swept, st.Reaped
 		s.ResolvedCompleted, s.ResolvedReleased = st.Completed, st.Released
 		s.ReconcileErrors, s.PassErrors = st.ReconcileErrors, st.PassErrors
+		s.ReconcileScheduled, s.OldestUnknown = st.ReconcileScheduled, st.OldestUnknown
+	}
+	if p.Store != nil {
+		// The backlog as the store counts it now, whichever node asks and
+		// whether or not this one reconciles; the maintainer's figure from
+		// its last pass when the store does not answer in time.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if b, err := p.Store.KeyBacklog(ctx); err == nil {
+			s.UnknownBacklog, s.UnknownBacklogTruncated, s.OldestUnknown = b.Unknown, false, 0
+			if !b.OldestUnknownSince.IsZero() {
+				s.OldestUnknown = max(time.Since(b.OldestUnknownSince), 0)
+			}
+		}
 	}
 	if p.Outbox != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -161,6 +175,7 @@ func maintainerStats(p opsParts) idemprom.MaintainerStats {
 func consoleStats(s idemprom.MaintainerStats) []console.Stat {
 	stats := []console.Stat{
 		{Name: "Unknown backlog", Value: strconv.Itoa(s.UnknownBacklog), Warn: s.UnknownBacklog > 0},
+		{Name: "Oldest unknown", Value: s.OldestUnknown.Round(time.Second).String(), Warn: s.OldestUnknown > 0},
 		{Name: "Unresolved after reconciliation", Value: strconv.Itoa(s.Unresolved), Warn: s.Unresolved > 0},
 		{Name: "Oldest in-progress lease", Value: s.OldestInProgress.Round(time.Second).String()},
 		{Name: "Leases swept", Value: strconv.FormatInt(s.Swept, 10)},

@@ -4,14 +4,19 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemsqlite"
+	"github.com/idem-dev/idem/idemstore"
 )
 
 func TestOpsMetricsAndConsole(t *testing.T) {
@@ -136,5 +141,67 @@ func TestOpenCacheRefusesUnknownScheme(t *testing.T) {
 	t.Parallel()
 	if _, _, err := openCache("memcached://x", idemmem.New(nil), nil); err == nil {
 		t.Fatal("an unknown cache scheme was accepted")
+	}
+}
+
+// TestOpsBacklogFromStore: idem_unknown_backlog and
+// idem_unknown_oldest_age_seconds are read from the store on every scrape,
+// so two nodes on one store (two stores on one SQLite file, one of them
+// without a maintainer) report the same, and at once, not after a pass.
+func TestOpsBacklogFromStore(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	var nodes []*ops
+	var stores []*idemsqlite.Store
+	for i := range 2 {
+		s, err := idemsqlite.Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+		parts := opsParts{Store: s}
+		if i == 0 {
+			parts.Maintainer = idemmaint.New(s, nil)
+		}
+		o, err := newOps(&opsOptions{}, parts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, o)
+	}
+	scrape := func(o *ops) string {
+		t.Helper()
+		w := httptest.NewRecorder()
+		o.Handler.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+		return w.Body.String()
+	}
+	backlog := regexp.MustCompile(`(?m)^idem_unknown_backlog (\S+)$`)
+	oldest := regexp.MustCompile(`(?m)^idem_unknown_oldest_age_seconds (\S+)$`)
+	for want, n := range []int{0, 1, 2} {
+		if n > 0 {
+			// An unknown record made through the other node's store.
+			s := stores[n%2]
+			id := idemstore.Identity{Endpoint: "POST /pay", Key: "k" + strconv.Itoa(n)}
+			if _, err := s.KeyReserve(t.Context(), &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.KeyMarkUnknown(t.Context(), &idemstore.FinishParams{Identity: id, Token: "t"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, o := range nodes {
+			body := scrape(o)
+			m := backlog.FindStringSubmatch(body)
+			if m == nil || m[1] != strconv.Itoa(want) {
+				t.Fatalf("node %d after %d unknown records: idem_unknown_backlog %v, want %d", i, want, m, want)
+			}
+			if m := oldest.FindStringSubmatch(body); m == nil || (want == 0) != (m[1] == "0") {
+				t.Fatalf("node %d: idem_unknown_oldest_age_seconds %v with %d unknown records", i, m, want)
+			}
+		}
+	}
+	if body := scrape(nodes[0]); !strings.Contains(body, "idem_reconcile_scheduled_total 0") {
+		t.Fatal("/metrics lacks idem_reconcile_scheduled_total")
 	}
 }

@@ -395,6 +395,9 @@ type keyData struct {
 	Resp       *respView
 	CanResolve bool
 	ResolveRef string
+	// NextReconcile is when the reconciler may next ask about an unknown
+	// record ("due now" when it may at once); empty for other states.
+	NextReconcile string
 }
 
 // keyPage shows a record: its fields, its history, its stored response and,
@@ -425,6 +428,12 @@ func (c *console) keyPage(w http.ResponseWriter, r *http.Request) {
 		History:    history(rec, now),
 		Resp:       responseView(rec.Response),
 		CanResolve: rec.State == idemstore.StateUnknown,
+	}
+	if rec.State == idemstore.StateUnknown {
+		d.NextReconcile = "due now"
+		if rec.ReconcileAfter.After(now) {
+			d.NextReconcile = stamp(rec.ReconcileAfter) + " (" + ago(now, rec.ReconcileAfter) + ")"
+		}
 	}
 	if d.CanResolve {
 		d.ResolveRef = c.keys.seal(ref{Scope: rec.Scope, Endpoint: rec.Endpoint, Key: rec.Key, Token: rec.Token})
@@ -465,7 +474,11 @@ func history(rec *idemstore.Record, now time.Time) []event {
 	if rec.State == idemstore.StateInProgress {
 		add(rec.LockedUntil, "the lease ends; it then turns "+string(rec.LeaseExpiredState))
 	}
-	add(rec.ExpiresAt, "retention ends: the record is deleted and the key may be used as new")
+	if rec.State == idemstore.StateUnknown {
+		add(rec.ExpiresAt, "retention would have ended: an unknown record is kept until it is settled, and its retention starts again then")
+	} else {
+		add(rec.ExpiresAt, "retention ends: the record is deleted and the key may be used as new")
+	}
 	slices.SortStableFunc(ev, func(a, b event) int {
 		if a.At == "—" || b.At == "—" {
 			return 0

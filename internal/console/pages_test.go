@@ -426,3 +426,34 @@ func TestKeyHashJoinsTheOtherLogs(t *testing.T) {
 		t.Fatalf("the audit line does not carry key_hash=%s:\n%s", want, b.logs)
 	}
 }
+
+// TestKeyPageReconcileState: the key page of an unknown record shows its
+// reconciliation state from the store: the attempts, the last error and
+// when the reconciler asks next.
+func TestKeyPageReconcileState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	unknown(t, b.store, testIdentity)
+	page := openKey(t, b)
+	for _, want := range []string{`id="reconcile-after">due now<`, `id="reconcile-attempts">0<`, "an unknown record is kept until it is settled"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the key page of a fresh unknown record lacks %q", want)
+		}
+	}
+	if strings.Contains(page, `id="reconcile-error"`) {
+		t.Error("the key page shows a reconcile error before any attempt")
+	}
+	rec, err := b.store.KeyGet(t.Context(), testIdentity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.KeyReconcileFail(t.Context(), &idemstore.ReconcileFailParams{Identity: testIdentity, Token: rec.Token, Error: "upstream answered 503 <b>", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	page = openKey(t, b)
+	for _, want := range []string{`id="reconcile-attempts">1<`, `id="reconcile-error">upstream answered 503 &lt;b&gt;<`, "(in 1h)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the key page after a failed attempt lacks %q", want)
+		}
+	}
+}

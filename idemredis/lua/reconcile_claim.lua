@@ -1,0 +1,22 @@
+-- reconcile_claim.lua claims one unknown record due for reconciliation: it
+-- sets reconcile_after to the end of the hold and returns the record. It
+-- repairs the reconcile index on the way: the entry of a record that is gone
+-- or no longer unknown is removed, one not yet due is re-scored. Returns nil
+-- when it claimed nothing.
+--
+-- KEYS: see record_keys.
+-- ARGV[1] now, ARGV[2] hold until, ARGV[3] index member
+local now = tonumber(ARGV[1])
+local r = load(KEYS[1])
+if not r or r.state ~= 'unknown' then
+  redis.call('ZREM', KEYS[5], ARGV[3])
+  return false
+end
+local after = r.reconcile_after or '0'
+if tonumber(after) > now then
+  redis.call('ZADD', KEYS[5], after, ARGV[3])
+  return false
+end
+redis.call('HSET', KEYS[1], 'reconcile_after', ARGV[2])
+redis.call('ZADD', KEYS[5], ARGV[2], ARGV[3])
+return redis.call('HGETALL', KEYS[1])

@@ -1,0 +1,138 @@
+package idemredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// KeyPurge deletes a record for an operator and returns it as it was: one
+// script that checks it may be purged (an unknown or in_progress record only
+// with p.Force) and removes it from every index.
+func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+	now := s.now()
+	k := s.keysOf(p.Identity)
+	a := k.args
+	force := argFalse
+	if p.Force {
+		force = argTrue
+	}
+	vals, err := s.run(ctx, purgeScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
+		us(now), p.Token, force, a[3], a[4],
+	}).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("purging key: %w", interpretError(err))
+	}
+	r, err := recordFromFlat(vals)
+	if err != nil {
+		return nil, fmt.Errorf("purging key: %w", err)
+	}
+	if r.LeaseExpired(now) {
+		r.State = r.LeaseExpiredState
+	}
+	return r, nil
+}
+
+// KeyReconcileClaim claims due unknown records. It reads the reconcile
+// indexes of the buckets (see drainIndex: bucketCount/sweepChunk round
+// trips) and runs the claim script on each due entry; the script claims a
+// record only if it is still unknown and due, so of concurrent claimers
+// exactly one gets it. Records come earliest reconcile_after first within a
+// bucket, not across buckets.
+func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	now := s.now()
+	nowArg, holdArg := micros(now), micros(now.Add(p.Hold))
+	var out []*idemstore.Record
+	err := s.drainIndex(ctx, ":reconcile", nowArg, limit, func(cands []recordKeys) (int, error) {
+		cmds := s.evalEach(ctx, claimScript, cands, func(k recordKeys) ([]string, []any) {
+			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{nowArg, holdArg, k.member}
+		})
+		n := 0
+		for _, cmd := range cmds {
+			vals, err := cmd.Slice()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if err != nil {
+				return n, fmt.Errorf("claiming unknown keys: %w", interpretError(err))
+			}
+			r, err := recordFromFlat(vals)
+			if err != nil {
+				return n, fmt.Errorf("claiming unknown keys: %w", err)
+			}
+			out = append(out, r)
+			n++
+		}
+		return n, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b *idemstore.Record) int {
+		if c := a.UpdatedAt.Compare(b.UpdatedAt); c != 0 {
+			return c
+		}
+		return compareIdentity(a.Identity, b.Identity)
+	})
+	return out, nil
+}
+
+// KeyReconcileFail records a failed reconciliation attempt when the token
+// matches and the record is unknown.
+func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+	a := s.keysOf(p.Identity).args
+	err := s.run(ctx, failScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
+		p.Token, idemstore.TruncateReconcileError(p.Error), us(s.now().Add(p.Delay)), a[3],
+	}).Err()
+	if err != nil {
+		return fmt.Errorf("recording a reconciliation failure: %w", interpretError(err))
+	}
+	return nil
+}
+
+// KeyBacklog counts the unknown records from the backlog indexes of the
+// buckets (ZCARD and the lowest score of each, one pipeline): the count and
+// the oldest are the store's, whichever process asks.
+func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+	pipe := s.client.Pipeline()
+	counts := make([]*redis.IntCmd, bucketCount)
+	firsts := make([]*redis.ZSliceCmd, bucketCount)
+	for b := range bucketCount {
+		key := s.bucketTag(b) + ":unknown"
+		counts[b] = pipe.ZCard(ctx, key)
+		firsts[b] = pipe.ZRangeWithScores(ctx, key, 0, 0)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var bl idemstore.Backlog
+	var oldest int64
+	for b := range bucketCount {
+		n, err := counts[b].Result()
+		if err != nil {
+			return nil, fmt.Errorf("counting unknown keys: %w", interpretError(err))
+		}
+		first, err := firsts[b].Result()
+		if err != nil {
+			return nil, fmt.Errorf("counting unknown keys: %w", interpretError(err))
+		}
+		bl.Unknown += int(n)
+		if len(first) > 0 {
+			if us := int64(first[0].Score); oldest == 0 || us < oldest {
+				oldest = us
+			}
+		}
+	}
+	if bl.Unknown > 0 && oldest != 0 {
+		bl.OldestUnknownSince = time.UnixMicro(oldest)
+	}
+	return &bl, nil
+}
