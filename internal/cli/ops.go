@@ -8,13 +8,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemcache"
@@ -271,23 +269,36 @@ func startOps(ctx context.Context, e *env, o *opsOptions, h *ops) (wait func(), 
 }
 
 // openCache wraps store in the replay cache named by rawURL: "memory:" for
-// an in-process LRU (64 MiB), "redis://…" for Redis. Empty means no cache.
-func openCache(rawURL string, store idemstore.Store, logger *slog.Logger) (idemstore.Store, func() error, error) {
+// an in-process LRU (64 MiB), a Redis URL of any topology (redis://,
+// redis+cluster://, redis+sentinel://; ?prefix= names the cache's keys) for
+// Redis. Empty means no cache. A Redis that does not answer at start is not
+// an error (the cache fails open, the store answers), but a redis:// URL
+// naming a cluster node is.
+func openCache(ctx context.Context, rawURL string, store idemstore.Store, logger *slog.Logger) (idemstore.Store, func() error, error) {
 	switch {
 	case rawURL == "":
 		return store, func() error { return nil }, nil
 	case rawURL == "memory:":
 		return idemcache.New(store, idemcache.NewLRU(0, 0), &idemcache.Config{Logger: logger}), func() error { return nil }, nil
-	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://"):
-		opt, err := redis.ParseURL(rawURL)
+	case storeurl.Kind(rawURL) == storeurl.KindRedis:
+		r, err := storeurl.ParseRedis(rawURL)
 		if err != nil {
 			return nil, nil, fmt.Errorf("cache URL %s: %w", storeurl.Redact(rawURL), redact.Error(err, rawURL))
 		}
 		// A cache must fail fast: the store answers when it cannot.
-		opt.MaxRetries = -1
-		opt.DialerRetries = 1
-		client := redis.NewClient(opt)
-		return idemcache.New(store, idemcache.NewRedis(client, ""), &idemcache.Config{Logger: logger}), client.Close, nil
+		r.FailFast()
+		client, err := r.Connect(ctx)
+		switch {
+		case errors.Is(err, storeurl.ErrClusterNode):
+			return nil, nil, fmt.Errorf("cache URL %s: %w", storeurl.Redact(rawURL), err)
+		case err != nil:
+			if logger != nil {
+				logger.Warn("the replay cache does not answer yet: requests go to the store until it does",
+					"cache", storeurl.Redact(rawURL), "error", err)
+			}
+			client = r.NewClient()
+		}
+		return idemcache.New(store, idemcache.NewRedis(client, r.Prefix), &idemcache.Config{Logger: logger}), client.Close, nil
 	}
-	return nil, nil, fmt.Errorf("cache URL %q: want memory: or redis://…", storeurl.Redact(rawURL))
+	return nil, nil, fmt.Errorf("cache URL %q: want memory:, redis://…, redis+cluster://… or redis+sentinel://…", storeurl.Redact(rawURL))
 }

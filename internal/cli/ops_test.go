@@ -139,7 +139,7 @@ func TestProxyOpsAndCache(t *testing.T) {
 
 func TestOpenCacheRefusesUnknownScheme(t *testing.T) {
 	t.Parallel()
-	if _, _, err := openCache("memcached://x", idemmem.New(nil), nil); err == nil {
+	if _, _, err := openCache(t.Context(), "memcached://x", idemmem.New(nil), nil); err == nil {
 		t.Fatal("an unknown cache scheme was accepted")
 	}
 }

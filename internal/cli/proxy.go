@@ -85,7 +85,7 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(methodsValue{&o.methods}, "methods", "comma-separated `METHODS` protected; others pass through (default POST,PATCH; with --profile appstrate POST,PUT,PATCH,DELETE)")
 	fs.Var(sizeValue{&o.maxBody}, "max-body", "largest request body fingerprinted, in `BYTES`; larger gets 413")
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
-	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://… or memory: (in-process LRU); off by default")
+	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://…, redis+cluster://…, redis+sentinel://… or memory: (in-process LRU); off by default")
 	o.keyring.register(fs)
 	fs.Var(fieldsValue{&o.redact}, "redact-json-fields", "comma-separated JSON member `PATHS` (token,card.number) removed from stored bodies: replays lack them, the first answer has them")
 	fs.BoolVar(&o.async, "async", o.async, "answer a retry of a request still in progress 202 Accepted with Retry-After instead of 409 key-in-use")
@@ -244,7 +244,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		}
 		defer maint.Stop()
 	}
-	store, closeCache, err := openCache(o.cache, store, e.logger)
+	store, closeCache, err := openCache(ctx, o.cache, store, e.logger)
 	if err != nil {
 		ln.Close()
 		return err

@@ -8,6 +8,8 @@
 //	                     store's tables in that schema (default public)
 //	redis://…            Redis (also rediss:// for TLS); ?prefix=P starts the
 //	                     store's keys with P (default idem:)
+//	redis+cluster://…    a Redis Cluster, redis+sentinel://… a master named by
+//	                     Sentinels (and rediss+…): see ParseRedis
 //
 // Open applies the embedded migrations of the SQL stores, so a fresh
 // database works at once; migrating twice is harmless. OpenWith with
@@ -26,11 +28,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idempgx"
-	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/redact"
@@ -69,7 +69,7 @@ func Kind(rawURL string) string {
 		return KindMemory
 	case "postgres", "postgresql":
 		return KindPostgres
-	case "redis", "rediss":
+	case "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 		return KindRedis
 	}
 	return ""
@@ -257,31 +257,7 @@ func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Stor
 }
 
 func openRedis(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
-	// prefix is ours, not a go-redis option: take it out before parsing.
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
-	}
-	q, err := parseQuery(u.RawQuery)
-	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
-	}
-	cfg := &idemredis.Config{Prefix: q.Get("prefix")}
-	q.Del("prefix")
-	u.RawQuery = q.Encode()
-
-	opts, err := redis.ParseURL(u.String())
-	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
-	}
-	client := redis.NewClient(opts)
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
-	}
-	return idemredis.New(client, cfg), client.Close, nil
+	return openRedisURL(ctx, rawURL)
 }
 
 // parseQuery parses a store URL's query, refusing what it cannot parse

@@ -1,0 +1,305 @@
+// Package redisproc starts private redis-server processes for tests: a
+// single server with the persistence a test asks for, a Redis Cluster of
+// several masters, a Sentinel. Each listens on a free loopback port, lives
+// in a temporary directory and is killed when the test ends, so tests may
+// kill, restart and reshard them without touching the shared Redis.
+//
+// A test that calls these skips (fails under IDEM_TEST_REQUIRE_ALL=1) when
+// redis-server or redis-cli is not on PATH.
+package redisproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem/internal/testenv"
+)
+
+// Server is a redis-server child process.
+type Server struct {
+	// Addr is its host:port.
+	Addr string
+	// Dir is its working directory (append-only files, logs).
+	Dir  string
+	t    testing.TB
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts redis-server on a free loopback port, without persistence
+// unless extra says otherwise (later arguments win: "--appendonly", "yes"
+// turns the append-only file on), and waits until it answers PING.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	lookPath(t, "redis-server")
+	dir := t.TempDir()
+	for attempt := 0; ; attempt++ {
+		port, err := freePort(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := start(t, dir, port, extra)
+		if err == nil {
+			return s
+		}
+		if attempt == 2 {
+			t.Fatal(err)
+		}
+	}
+}
+
+func start(t testing.TB, dir string, port int, extra []string) (*Server, error) {
+	args := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
+		"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
+	}, extra...)
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, t: t, args: args}
+	if err := s.run(); err != nil {
+		return nil, err
+	}
+	t.Cleanup(s.Kill)
+	return s, nil
+}
+
+// run starts the process with s.args and waits up to 20 s for PING.
+func (s *Server) run() error {
+	cmd := exec.Command("redis-server", s.args...)
+	setPdeathsig(cmd)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	client := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := poll(ctx, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		return client.Ping(ctx).Err() == nil
+	})
+	select {
+	case <-done:
+		return fmt.Errorf("redis-server %s exited at start: %s", s.Addr, s.Log())
+	default:
+	}
+	if err != nil {
+		s.Kill()
+		return fmt.Errorf("redis-server %s does not answer: %w", s.Addr, err)
+	}
+	return nil
+}
+
+// Log returns the last lines of the server's log.
+func (s *Server) Log() string {
+	_, port, _ := net.SplitHostPort(s.Addr)
+	b, err := os.ReadFile(filepath.Join(s.Dir, "redis-"+port+".log"))
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-10):], "\n")
+}
+
+// Kill sends SIGKILL, as a crash would, and waits until the process is
+// gone. It does nothing when the server is not running.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Restart starts the server again, after Kill, on the same port, directory
+// and arguments: what it persisted, it reads back.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if err := s.run(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Client returns a client of the server, closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Cluster is a Redis Cluster of masters without replicas.
+type Cluster struct {
+	// Masters are its nodes, in the order of the slot ranges they were
+	// given at creation.
+	Masters []*Server
+}
+
+// Addrs returns the masters' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		addrs[i] = m.Addr
+	}
+	return addrs
+}
+
+// StartCluster starts n cluster-enabled servers, joins them with redis-cli
+// --cluster create (slots spread evenly, no replicas) and waits until every
+// node reports cluster_state:ok.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	lookPath(t, "redis-server")
+	lookPath(t, "redis-cli")
+	dir := t.TempDir()
+	c := &Cluster{}
+	for range n {
+		var s *Server
+		for attempt := 0; ; attempt++ {
+			port, err := freePort(true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err = start(t, dir, port, []string{
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
+				"--cluster-node-timeout", "5000",
+			})
+			if err == nil {
+				break
+			}
+			if attempt == 2 {
+				t.Fatal(err)
+			}
+		}
+		c.Masters = append(c.Masters, s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, m := range c.Masters {
+		client := redis.NewClient(&redis.Options{Addr: m.Addr})
+		err := poll(ctx, func() bool {
+			info, err := client.ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok")
+		})
+		client.Close()
+		if err != nil {
+			t.Fatalf("cluster node %s never reported cluster_state:ok: %v", m.Addr, err)
+		}
+	}
+	return c
+}
+
+// StartSentinel starts a Sentinel that monitors the master at masterAddr
+// as name (quorum 1) and returns once it names that master.
+func StartSentinel(t testing.TB, name, masterAddr string) *Server {
+	t.Helper()
+	lookPath(t, "redis-server")
+	dir := t.TempDir()
+	port, err := freePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, mport, _ := net.SplitHostPort(masterAddr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	err = os.WriteFile(conf, fmt.Appendf(nil,
+		"port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\nsentinel monitor %s %s %s 1\n"+
+			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n",
+		port, dir, filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)), name, host, mport, name, name), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, t: t, args: []string{conf, "--sentinel"}}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer sc.Close()
+	if err := poll(ctx, func() bool {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		return err == nil && len(addr) == 2
+	}); err != nil {
+		t.Fatalf("the sentinel never named the master: %v\n%s", err, s.Log())
+	}
+	return s
+}
+
+func lookPath(t testing.TB, bin string) {
+	t.Helper()
+	if _, err := exec.LookPath(bin); err != nil {
+		testenv.Unavailable(t, "%s is not on PATH: cannot start a private Redis", bin)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago; with bus,
+// the cluster bus port 10000 above it was free too.
+func freePort(bus bool) (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !bus {
+			l.Close()
+			return port, nil
+		}
+		if port+10000 > 65535 {
+			l.Close()
+			continue
+		}
+		b, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		l.Close()
+		if err != nil {
+			continue
+		}
+		b.Close()
+		return port, nil
+	}
+	return 0, errors.New("no free port (pair) on the loopback")
+}
+
+// poll calls ok every 20 ms until it returns true or ctx ends. Servers
+// start on real time: there is no clock to drive.
+func poll(ctx context.Context, ok func() bool) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !ok() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
