@@ -136,7 +136,8 @@ func (s *Store) drainIndex(ctx context.Context, suffix, maxScore string, limit i
 
 // evalEach runs script once per candidate in one pipeline and returns the
 // commands, in order. A candidate whose EVALSHA found no script (a node
-// restarted or flushed its scripts) is run again with Script.Run.
+// restarted or flushed its scripts) or met a slot migration is run again
+// with Script.Run (see retrySlot).
 func (s *Store) evalEach(ctx context.Context, script *script, cands []recordKeys, params func(recordKeys) ([]string, []any)) []*redis.Cmd {
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(cands))
@@ -146,9 +147,9 @@ func (s *Store) evalEach(ctx context.Context, script *script, cands []recordKeys
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || slotMoving(cmd.Err()) {
 			keys, args := params(cands[i])
-			cmds[i] = script.Run(ctx, s.client, keys, args...)
+			cmds[i] = s.retrySlot(ctx, func() *redis.Cmd { return script.Run(ctx, s.client, keys, args...) })
 		}
 	}
 	return cmds

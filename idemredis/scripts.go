@@ -63,6 +63,9 @@ var (
 // arguments that the caller boxed once (a record's key names are boxed when
 // they are named, see recordKeys) spares the hot path most of the
 // allocations of cmdable.EvalSha, which copies and boxes them all again.
+//
+// A call that meets a slot migration of a Redis Cluster is sent again until
+// the context's deadline (see retrySlot).
 func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *redis.Cmd {
 	send := func(name, script any) *redis.Cmd {
 		call[0], call[1], call[2] = name, script, nkeys
@@ -71,9 +74,11 @@ func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *red
 		_ = s.client.Process(ctx, cmd)
 		return cmd
 	}
-	cmd := send(argEvalSha, sc.hash)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = send(argEval, sc.src)
-	}
-	return cmd
+	return s.retrySlot(ctx, func() *redis.Cmd {
+		cmd := send(argEvalSha, sc.hash)
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = send(argEval, sc.src)
+		}
+		return cmd
+	})
 }

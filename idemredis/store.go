@@ -48,6 +48,11 @@ type Config struct {
 	Prefix string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// RedirectWait bounds how long a call that meets a slot migration of a
+	// Redis Cluster (TRYAGAIN, or a MOVED or ASK that go-redis stopped
+	// following) keeps retrying when its context has no deadline; with a
+	// deadline, it retries until shortly before it. Defaults to 5 seconds.
+	RedirectWait time.Duration
 }
 
 // Store is an idemstore.Store (and idemstore.Waiter) on Redis. It is safe
@@ -60,6 +65,10 @@ type Store struct {
 	// full of expired leases does not starve the others.
 	sweepFrom atomic.Uint32
 	keys      keyCache
+	// redirectWait is Config.RedirectWait.
+	redirectWait time.Duration
+	// slotRetries counts the calls sent again because a slot was moving.
+	slotRetries atomic.Int64
 }
 
 // keyCache remembers the keys of recently named records: a request names
@@ -97,7 +106,10 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	st := &Store{client: client, prefix: c.Prefix, now: c.Now}
+	if c.RedirectWait <= 0 {
+		c.RedirectWait = defaultRedirectWait
+	}
+	st := &Store{client: client, prefix: c.Prefix, now: c.Now, redirectWait: c.RedirectWait}
 	st.keys.seed = maphash.MakeSeed()
 	return st
 }
