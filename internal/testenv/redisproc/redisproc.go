@@ -303,3 +303,110 @@ func poll(ctx context.Context, ok func() bool) error {
 	}
 	return nil
 }
+
+// Owner returns the index in Masters of the master that serves slot.
+func (c *Cluster) Owner(ctx context.Context, slot int) (int, error) {
+	client := redis.NewClient(&redis.Options{Addr: c.Masters[0].Addr})
+	defer client.Close()
+	ranges, err := client.ClusterSlots(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range ranges {
+		if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
+			for i, m := range c.Masters {
+				if m.Addr == r.Nodes[0].Addr {
+					return i, nil
+				}
+			}
+			return 0, fmt.Errorf("slot %d is served by %s, not a master of the cluster", slot, r.Nodes[0].Addr)
+		}
+	}
+	return 0, fmt.Errorf("slot %d is not served", slot)
+}
+
+// MigrateSlot moves slot from the master that serves it to Masters[to] as
+// redis-cli --cluster reshard does (SETSLOT IMPORTING and MIGRATING,
+// MIGRATE of its keys, SETSLOT NODE on every master), but in two halves
+// with a pause of hold between them: for hold, the slot's keys are split
+// between the two masters, the state in which a script over several of
+// them is refused with TRYAGAIN.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot, to int, hold time.Duration) error {
+	from, err := c.Owner(ctx, slot)
+	if err != nil {
+		return err
+	}
+	if from == to {
+		return nil
+	}
+	clients := make([]*redis.Client, len(c.Masters))
+	ids := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		clients[i] = redis.NewClient(&redis.Options{Addr: m.Addr})
+		defer clients[i].Close()
+		if ids[i], err = clients[i].Do(ctx, "CLUSTER", "MYID").Text(); err != nil {
+			return err
+		}
+	}
+	src, dst := clients[from], clients[to]
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err(); err != nil {
+		return fmt.Errorf("SETSLOT IMPORTING: %w", err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err(); err != nil {
+		return fmt.Errorf("SETSLOT MIGRATING: %w", err)
+	}
+	host, port, _ := net.SplitHostPort(c.Masters[to].Addr)
+	move := func(keys []string) error {
+		if len(keys) == 0 {
+			return nil
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "REPLACE", "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) && err.Error() != "NOKEY" {
+			return fmt.Errorf("MIGRATE: %w", err)
+		}
+		return nil
+	}
+	keys, err := src.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	if err != nil {
+		return err
+	}
+	if err := move(keys[:len(keys)/2]); err != nil {
+		return err
+	}
+	t := time.NewTimer(hold)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	case <-t.C:
+	}
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if err := move(keys); err != nil {
+			return err
+		}
+	}
+	// The new owner first, then the old one, then the others, as
+	// redis-cli does.
+	order := []int{to, from}
+	for i := range c.Masters {
+		if i != to && i != from {
+			order = append(order, i)
+		}
+	}
+	for _, i := range order {
+		if err := clients[i].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
+			return fmt.Errorf("SETSLOT NODE on %s: %w", c.Masters[i].Addr, err)
+		}
+	}
+	return nil
+}
