@@ -217,3 +217,36 @@ func compareIdentity(a, b idemstore.Identity) int {
 		cmp.Compare(a.Key, b.Key),
 	)
 }
+
+// Masters returns the addresses of the servers that hold the store's
+// records when there are several: every master of a Redis Cluster (as
+// ForEachMaster finds them) or every shard of a Ring, sorted. KeyList scans
+// each of them; KeySweep and KeyReap reach each through the lease and
+// expiry indexes of the buckets, which are spread over all of them. It
+// returns nil for a single server (or the master Sentinels name).
+func (s *Store) Masters(ctx context.Context) ([]string, error) {
+	var (
+		mu    sync.Mutex
+		addrs []string
+	)
+	add := func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		addrs = append(addrs, node.Options().Addr)
+		mu.Unlock()
+		return nil
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, add)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, add)
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing masters: %w", err)
+	}
+	slices.Sort(addrs)
+	return addrs, nil
+}

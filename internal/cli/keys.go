@@ -245,6 +245,9 @@ func runKeysList(ctx context.Context, e *env, args []string, open storeOpener) (
 	if more {
 		fmt.Fprintf(e.stderr, "More records match: raise --limit (now %d) or narrow the filters.\n", o.limit)
 	}
+	if span := spanNote(ctx, store); span != "" {
+		fmt.Fprintf(e.stderr, "Listed the records of %s.\n", span)
+	}
 	return nil
 }
 
@@ -800,6 +803,9 @@ func purgeExpired(ctx context.Context, e *env, store idemstore.Store, batch int)
 	}
 	e.logger.Info("idem keys: expired records purged", "action", "purge_expired", "count", total, "operator", operator(e))
 	fmt.Fprintf(e.stdout, "Purged %d expired records.\n", total)
+	if span := spanNote(ctx, store); span != "" {
+		fmt.Fprintf(e.stdout, "Purged on %s.\n", span)
+	}
 	return nil
 }
 

@@ -205,8 +205,9 @@ type keysBackend struct {
 	open storeOpener
 }
 
-// keysBackends are the stores of the keys tests: memory, SQLite and
-// PostgreSQL (skipped when absent), by name.
+// keysBackends are the stores of the keys tests: memory, SQLite,
+// PostgreSQL, Redis and a private Redis Cluster (skipped when absent), by
+// name.
 var keysBackends = []struct {
 	name string
 	new  func(t *testing.T) *keysBackend
@@ -222,6 +223,10 @@ var keysBackends = []struct {
 	}},
 	{"postgres", func(t *testing.T) *keysBackend { return urlBackend(t, "postgres", postgresURL(t)) }},
 	{"redis", func(t *testing.T) *keysBackend { return urlBackend(t, "redis", redisURL(t)) }},
+	{"redis-cluster", func(t *testing.T) *keysBackend {
+		u, _ := redisClusterURL(t)
+		return urlBackend(t, "redis-cluster", u)
+	}},
 }
 
 // redisURL is the URL of the test Redis with a key prefix of the test's
@@ -405,7 +410,8 @@ func testKeysList(t *testing.T, b *keysBackend, acme string) {
 		t.Errorf("list --limit 2: exit %d\n%s\nstderr %s", code, out, stderr)
 	}
 	code, out, stderr = b.keys(t, nil, "list", "--limit", "5")
-	if code != ExitOK || strings.Count(out, "\n") != 6 || stderr != "" {
+	// (A Redis Cluster adds a line saying every master was read.)
+	if code != ExitOK || strings.Count(out, "\n") != 6 || strings.Contains(stderr, "More records match") {
 		t.Errorf("list --limit 5 (all of them): exit %d\n%s\nstderr %s", code, out, stderr)
 	}
 	// JSON lines.
@@ -605,10 +611,10 @@ func testKeysPurge(t *testing.T, b *keysBackend, acme string) {
 	// Without --key: the expired records, in batches of one.
 	seed(t, b.store, idemstore.Identity{Scope: acme, Endpoint: payments, Key: "k-expired-2"}, idemstore.StateInProgress, 0)
 	code, out, stderr = b.keys(t, vars, "purge", "--batch-size", "1")
-	if code != ExitOK || out != "Purged 2 expired records.\n" || !strings.Contains(stderr, "action=purge_expired count=2 operator=bob") {
+	if code != ExitOK || !strings.HasPrefix(out, "Purged 2 expired records.\n") || !strings.Contains(stderr, "action=purge_expired count=2 operator=bob") {
 		t.Errorf("purge: exit %d, stdout %q, stderr %s", code, out, stderr)
 	}
-	if code, out, _ := b.keys(t, vars, "purge"); code != ExitOK || out != "Purged 0 expired records.\n" {
+	if code, out, _ := b.keys(t, vars, "purge"); code != ExitOK || !strings.HasPrefix(out, "Purged 0 expired records.\n") {
 		t.Errorf("second purge: exit %d, stdout %q", code, out)
 	}
 	if recs, err := b.store.KeyList(ctx, &idemstore.ListParams{Scope: acme}); err != nil || len(recs) != 4 {

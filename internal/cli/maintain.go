@@ -114,6 +114,9 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	if o.once {
 		err := m.RunOnce(ctx)
 		printMaintainStats(e, m.Stats())
+		if span := spanNote(ctx, store); span != "" {
+			fmt.Fprintf(e.stdout, "Swept and reaped on %s.\n", span)
+		}
 		if err != nil {
 			return fmt.Errorf("maintaining: %w", err)
 		}
@@ -128,6 +131,9 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		"reconciler", o.reconcile.kind(),
 		"encryption_keys", keyNames(keyring),
 	)
+	if span := spanNote(ctx, store); span != "" {
+		e.logger.Info("maintaining the records of several masters", "store_span", span)
+	}
 	o2, err := newOps(&o.ops, opsParts{Store: store, Maintainer: m, Logger: e.logger})
 	if err != nil {
 		return err

@@ -56,7 +56,11 @@ func (o *opsOptions) register(fs *flagSet) {
 // opsParts are what the operations endpoints report on; Maintainer and
 // Outbox may be nil.
 type opsParts struct {
-	Store      idemstore.Store
+	Store idemstore.Store
+	// Masters names the servers of a store spread over several (see
+	// mastersOf); nil means those of Store, if any. The proxy sets it when
+	// Store is wrapped in a cache.
+	Masters    func(context.Context) ([]string, error)
 	Maintainer *idemmaint.Maintainer
 	Outbox     outbox.Store
 	Logger     *slog.Logger
@@ -98,8 +102,13 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	var sample func(context.Context)
 	if o.consoleToken != "" {
+		masters := p.Masters
+		if masters == nil {
+			masters = mastersOf(p.Store)
+		}
 		cfg := console.Config{
 			Store:     p.Store,
+			Masters:   masters,
 			Token:     o.consoleToken,
 			Decisions: metrics.DecisionTotals,
 			Logger:    p.Logger,

@@ -244,6 +244,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		}
 		defer maint.Stop()
 	}
+	masters := mastersOf(store) // before the cache hides the store
 	store, closeCache, err := openCache(ctx, o.cache, store, e.logger)
 	if err != nil {
 		ln.Close()
@@ -251,7 +252,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	}
 	defer closeCache()
 	// The console reads and resolves records: through the keyring too.
-	opsHandler, err := newOps(&o.ops, opsParts{Store: idemcrypt.New(store, keyring), Maintainer: maint, Logger: e.logger, TenantLabel: o.guards.tenantLabel})
+	opsHandler, err := newOps(&o.ops, opsParts{Store: idemcrypt.New(store, keyring), Masters: masters, Maintainer: maint, Logger: e.logger, TenantLabel: o.guards.tenantLabel})
 	if err != nil {
 		ln.Close()
 		return err

@@ -35,6 +35,10 @@ type Stat struct {
 type Config struct {
 	// Store is the idempotency store the console reads and resolves.
 	Store idemstore.Store
+	// Masters, when set, names the servers over which the store spreads
+	// its records (the masters of a Redis Cluster); the overview says its
+	// counts cover every one of them. Defaults to nil: one server.
+	Masters func(ctx context.Context) ([]string, error)
 	// Token is the console's secret; it must be at least MinTokenLength
 	// bytes (generate 32 random bytes). It authenticates operators and keys
 	// the HMACs of the session cookie and the CSRF tokens and the sealing of

@@ -69,6 +69,7 @@ type overviewData struct {
 	Outbox     *outboxCounts
 	Charts     *chartData
 	TrendsLink string
+	Masters    []string // the servers the counts cover, when there are several
 }
 
 // overview shows the records by state (bounded counts), the decision totals
@@ -96,6 +97,13 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 			sc.Warn = true
 		}
 		d.States = append(d.States, sc)
+	}
+	if c.cfg.Masters != nil {
+		masters, err := c.cfg.Masters(ctx)
+		if err != nil {
+			c.cfg.Logger.Error("idem console: naming the store's masters failed", slog.Any("error", err))
+		}
+		d.Masters = masters
 	}
 	if c.cfg.Decisions != nil {
 		d.Decisions, d.RateNote = c.decisionRows(c.cfg.Decisions(), c.cfg.Now())
