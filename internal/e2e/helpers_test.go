@@ -230,7 +230,7 @@ type proc struct {
 // listeningRE finds the bound address in the start-up log line that the
 // idem command (and the test's child servers) write to stderr: msg=listening,
 // or msg="provider listening" for `idem provider`.
-var listeningRE = regexp.MustCompile(`\bmsg=(?:listening\b|"provider listening")\s.*\baddr=(\S+)`)
+var listeningRE = regexp.MustCompile(`\bmsg=(?:listening\b|"provider listening")\s.*?\baddr=(\S+)`)
 
 // start starts cmd and waits until it logs the address it listens on.
 func start(t *testing.T, name string, cmd *exec.Cmd) *proc {
