@@ -65,13 +65,18 @@ var (
 // allocations of cmdable.EvalSha, which copies and boxes them all again.
 //
 // A call that meets a slot migration of a Redis Cluster is sent again until
-// the context's deadline (see retrySlot).
+// the context's deadline (see retrySlot). With Config.WaitReplicas, the call
+// waits for the replicas' acknowledgement (see processWaited).
 func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *redis.Cmd {
 	send := func(name, script any) *redis.Cmd {
 		call[0], call[1], call[2] = name, script, nkeys
 		cmd := redis.NewCmd(ctx, call...)
 		cmd.SetFirstKeyPos(3)
-		_ = s.client.Process(ctx, cmd)
+		if s.waitReplicas > 0 {
+			s.processWaited(ctx, cmd, call[3].(string))
+		} else {
+			_ = s.client.Process(ctx, cmd)
+		}
 		return cmd
 	}
 	return s.retrySlot(ctx, func() *redis.Cmd {

@@ -53,6 +53,17 @@ type Config struct {
 	// following) keeps retrying when its context has no deadline; with a
 	// deadline, it retries until shortly before it. Defaults to 5 seconds.
 	RedirectWait time.Duration
+	// WaitReplicas, when above zero, makes every call that writes a record
+	// (reserve, complete, release, mark unknown, delete, renew, resolve)
+	// wait until that many replicas have acknowledged the write (Redis
+	// WAIT) before it returns, and fail with ErrNotReplicated when they do
+	// not within WaitTimeout: a failover to one of those replicas keeps
+	// what the store answered. It needs a *redis.Client (single server or
+	// Sentinel) or a *redis.ClusterClient. Defaults to 0: no waiting, the
+	// replicas follow asynchronously.
+	WaitReplicas int
+	// WaitTimeout bounds the wait for WaitReplicas. Defaults to 1 second.
+	WaitTimeout time.Duration
 }
 
 // Store is an idemstore.Store (and idemstore.Waiter) on Redis. It is safe
@@ -69,6 +80,9 @@ type Store struct {
 	redirectWait time.Duration
 	// slotRetries counts the calls sent again because a slot was moving.
 	slotRetries atomic.Int64
+	// waitReplicas and waitTimeout are Config.WaitReplicas and WaitTimeout.
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 // keyCache remembers the keys of recently named records: a request names
@@ -109,7 +123,11 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	if c.RedirectWait <= 0 {
 		c.RedirectWait = defaultRedirectWait
 	}
-	st := &Store{client: client, prefix: c.Prefix, now: c.Now, redirectWait: c.RedirectWait}
+	if c.WaitTimeout <= 0 {
+		c.WaitTimeout = defaultWaitTimeout
+	}
+	st := &Store{client: client, prefix: c.Prefix, now: c.Now, redirectWait: c.RedirectWait,
+		waitReplicas: c.WaitReplicas, waitTimeout: c.WaitTimeout}
 	st.keys.seed = maphash.MakeSeed()
 	return st
 }

@@ -294,6 +294,9 @@ func openCache(ctx context.Context, rawURL string, store idemstore.Store, logger
 		if err != nil {
 			return nil, nil, fmt.Errorf("cache URL %s: %w", storeurl.Redact(rawURL), redact.Error(err, rawURL))
 		}
+		if r.WaitReplicas > 0 {
+			return nil, nil, errors.New("cache URL: wait_replicas applies to the store, not to the cache (a lost cache entry costs a store read)")
+		}
 		// A cache must fail fast: the store answers when it cannot.
 		r.FailFast()
 		client, err := r.Connect(ctx)

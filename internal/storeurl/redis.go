@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -30,6 +32,12 @@ type RedisURL struct {
 	Failover *redis.FailoverOptions
 	// Prefix is the ?prefix= option ("" when absent: the store's default).
 	Prefix string
+	// WaitReplicas and WaitTimeout are the ?wait_replicas=N and
+	// ?wait_timeout=DURATION options: how many replicas must acknowledge
+	// each write of a record before the store answers, and for how long
+	// it waits (see idemredis.Config). Zero when absent.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // redisSchemes maps the schemes of Redis URLs to their topology and the
@@ -58,8 +66,9 @@ var redisSchemes = map[string]struct{ topology, scheme string }{
 //	                                             ?password= to the master
 //	                                             (rediss+sentinel://)
 //
-// The options idem adds (prefix) are taken out of the query first; the rest
-// of the query is go-redis's, and an option it does not know is an error.
+// The options idem adds (prefix, wait_replicas, wait_timeout) are taken out
+// of the query first; the rest of the query is go-redis's, and an option it
+// does not know is an error.
 func ParseRedis(rawURL string) (*RedisURL, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -74,7 +83,26 @@ func ParseRedis(rawURL string) (*RedisURL, error) {
 		return nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
 	}
 	r := &RedisURL{Topology: kind.topology, Prefix: q.Get("prefix")}
-	q.Del("prefix")
+	if v := q.Get("wait_replicas"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("store %s: wait_replicas=%q: want a number of replicas, 0 or more", Redact(rawURL), v)
+		}
+		r.WaitReplicas = n
+	}
+	if v := q.Get("wait_timeout"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("store %s: wait_timeout=%q: want a positive duration such as 500ms", Redact(rawURL), v)
+		}
+		if r.WaitReplicas == 0 {
+			return nil, fmt.Errorf("store %s: wait_timeout without wait_replicas: name how many replicas to wait for", Redact(rawURL))
+		}
+		r.WaitTimeout = d
+	}
+	for _, name := range []string{"prefix", "wait_replicas", "wait_timeout"} {
+		q.Del(name)
+	}
 	u.RawQuery = q.Encode()
 	u.Scheme = kind.scheme
 	switch kind.topology {
@@ -174,5 +202,6 @@ func openRedisURL(ctx context.Context, rawURL string) (*idemredis.Store, func() 
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
 	}
-	return idemredis.New(client, &idemredis.Config{Prefix: r.Prefix}), client.Close, nil
+	cfg := &idemredis.Config{Prefix: r.Prefix, WaitReplicas: r.WaitReplicas, WaitTimeout: r.WaitTimeout}
+	return idemredis.New(client, cfg), client.Close, nil
 }

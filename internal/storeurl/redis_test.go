@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemstore"
@@ -31,6 +32,12 @@ func TestParseRedis(t *testing.T) {
 			check: func(t *testing.T, r *RedisURL) {
 				if r.Cluster.Username != "u" || r.Cluster.Password != "pw" || r.Cluster.MaxRedirects != 5 || r.Cluster.TLSConfig != nil {
 					t.Errorf("cluster options = %+v", r.Cluster)
+				}
+			}},
+		{url: "redis://h:6379/0?wait_replicas=2&wait_timeout=250ms&prefix=w:", topology: TopologySingle, addrs: []string{"h:6379"}, prefix: "w:",
+			check: func(t *testing.T, r *RedisURL) {
+				if r.WaitReplicas != 2 || r.WaitTimeout != 250*time.Millisecond {
+					t.Errorf("wait = %d, %v; want 2, 250ms", r.WaitReplicas, r.WaitTimeout)
 				}
 			}},
 		{url: "REDISS+CLUSTER://a:7000/0", topology: TopologyCluster, addrs: []string{"a:7000"},
@@ -96,6 +103,10 @@ func TestParseRedisErrors(t *testing.T) {
 		{"redis+sentinel://s:26379/x?master_name=m", "database number"},
 		{"redis://:s3cret@h:6379/0?nope=1", "unexpected option"},
 		{"redis+ring://h:6379", "not a Redis URL"},
+		{"redis://h:6379/0?wait_replicas=x", "wait_replicas"},
+		{"redis://h:6379/0?wait_replicas=-1", "wait_replicas"},
+		{"redis://h:6379/0?wait_replicas=1&wait_timeout=0s", "wait_timeout"},
+		{"redis://h:6379/0?wait_timeout=1s", "without wait_replicas"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
@@ -184,5 +195,20 @@ func TestOpenRedisSentinel(t *testing.T) {
 	}
 	if _, err := s.KeyGet(t.Context(), idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "absent"}); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("KeyGet of an absent key = %v", err)
+	}
+}
+
+// TestOpenRedisWaitReplicas: ?wait_replicas reaches the store. Its server
+// has no replica, so a reservation fails closed once the wait times out.
+func TestOpenRedisWaitReplicas(t *testing.T) {
+	t.Parallel()
+	srv := redisproc.Start(t)
+	s := open(t, "redis://"+srv.Addr+"/0?wait_replicas=1&wait_timeout=100ms")
+	_, err := s.KeyReserve(t.Context(), &idemstore.ReserveParams{
+		Identity: idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "k"}, Fingerprint: "f", Token: "t",
+		Lease: time.Minute, TTL: time.Hour,
+	})
+	if !errors.Is(err, idemredis.ErrNotReplicated) {
+		t.Fatalf("KeyReserve without a replica = %v; want ErrNotReplicated", err)
 	}
 }

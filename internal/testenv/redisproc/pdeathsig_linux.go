@@ -9,3 +9,10 @@ import (
 func setPdeathsig(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
+
+// Freeze stops the server with SIGSTOP: it holds its connections and
+// answers nothing, as a replica stuck behind a slow disk or network.
+func (s *Server) Freeze() { s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server with SIGCONT.
+func (s *Server) Thaw() { s.cmd.Process.Signal(syscall.SIGCONT) }

@@ -410,3 +410,33 @@ func (c *Cluster) MigrateSlot(ctx context.Context, slot, to int, hold time.Durat
 	}
 	return nil
 }
+
+// ReplicaOf makes s a replica of master and waits until the link is up.
+func (s *Server) ReplicaOf(master *Server) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	host, port, _ := net.SplitHostPort(master.Addr)
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := poll(ctx, func() bool {
+		info, err := c.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}); err != nil {
+		s.t.Fatalf("replica %s never synced with %s: %v", s.Addr, master.Addr, err)
+	}
+}
+
+// Promote turns a replica into a master (REPLICAOF NO ONE), as a failover
+// promotes it.
+func (s *Server) Promote() {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	if err := c.ReplicaOf(context.Background(), "NO", "ONE").Err(); err != nil {
+		s.t.Fatal(err)
+	}
+}
