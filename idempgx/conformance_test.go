@@ -13,3 +13,12 @@ func TestStore(t *testing.T) {
 		return newTestStore(t, clock.Now)
 	})
 }
+
+// TestStorePartitioned runs the conformance suite on a key table
+// hash-partitioned by scope into four partitions.
+func TestStorePartitioned(t *testing.T) {
+	t.Parallel()
+	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
+		return newPartitionedStore(t, clock.Now, 4)
+	})
+}

@@ -2,6 +2,7 @@ package idempgx
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/idem-dev/idem/internal/migrate"
@@ -34,7 +35,9 @@ func (s *Store) migrator() *migrate.Runner {
 			LockName: "idempgx.migrate",
 		},
 		Now:    s.now,
-		Expand: func(sql string) string { return expand(sql, s.schema, s.channel) },
+		Expand: func(sql string) string {
+			return expandPartitions(expand(sql, s.schema, s.channel), s.schema, s.cfg.Partitions)
+		},
 	}
 }
 
@@ -42,6 +45,9 @@ func (s *Store) migrator() *migrate.Runner {
 // missing, and returns those it applied. It runs in one transaction under an
 // advisory lock, so processes that start at once apply each migration once.
 func (s *Store) Migrate(ctx context.Context) ([]Migration, error) {
+	if n := s.cfg.Partitions; n < 0 || n > MaxPartitions {
+		return nil, fmt.Errorf("idempgx: %d partitions: want 0 (one table) to %d", n, MaxPartitions)
+	}
 	done, err := s.migrator().Up(ctx)
 	return migrate.As[Migration](done), err
 }

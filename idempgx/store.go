@@ -49,6 +49,14 @@ type Config struct {
 	// Logger receives the notification listener's failures. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// Partitions, when above zero (at most MaxPartitions), makes Migrate
+	// create the key table hash-partitioned by scope into that many
+	// partitions, idem_keys_p0 …: every statement filters by scope and the
+	// primary key starts with it. It applies when the first migration
+	// creates the table; an existing table is left as it is (Partitions
+	// tells which it is). KeyReap works partition by partition. Defaults to
+	// 0: one table.
+	Partitions int
 }
 
 // Default values of Config fields.
@@ -100,6 +108,7 @@ type Store struct {
 	channel string // notification channel, see notifyChannel
 	q       *queries
 	notify  *notifier
+	parts   partitionSet // read by KeyReap, see keyReap
 }
 
 var (
@@ -454,17 +463,14 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	return recs, nil
 }
 
-// KeyReap deletes at most p.Limit records past their ExpiresAt.
+// KeyReap deletes at most p.Limit records past their ExpiresAt; on a
+// partitioned key table, partition by partition (see Config.Partitions).
 func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = defaultBatch
 	}
-	tag, err := s.pool.Exec(ctx, s.q.reap, s.now(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("reaping keys: %w", interpretError(err))
-	}
-	return int(tag.RowsAffected()), nil
+	return s.keyReap(ctx, limit)
 }
 
 // KeyList returns live records ordered by (Scope, Endpoint, Key), a page of

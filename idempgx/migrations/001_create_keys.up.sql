@@ -1,6 +1,9 @@
 -- The idempotency records, one row per (scope, endpoint, key). Identities
 -- compare and sort by bytes (COLLATE "C"), whatever the database's locale.
--- {{schema}} is replaced by the store's quoted schema name.
+-- {{schema}} is replaced by the store's quoted schema name. With
+-- Config.Partitions = N, the table is PARTITION BY HASH (scope) and N
+-- partitions idem_keys_p0 … follow the indexes (which every partition
+-- gets); otherwise both placeholders are replaced by nothing.
 CREATE TABLE {{schema}}.idem_keys (
     scope               text        COLLATE "C" NOT NULL,
     endpoint            text        COLLATE "C" NOT NULL,
@@ -37,7 +40,7 @@ CREATE TABLE {{schema}}.idem_keys (
                          AND response_body IS NULL AND NOT not_replayable
                END),
     CONSTRAINT idem_keys_attempts_check CHECK (attempts > 0)
-);
+){{partition_by}};
 
 -- The reaper deletes finished records past their retention.
 CREATE INDEX idem_keys_reap_idx ON {{schema}}.idem_keys (expires_at)
@@ -47,3 +50,4 @@ CREATE INDEX idem_keys_reap_idx ON {{schema}}.idem_keys (expires_at)
 -- the rare in-progress record past its retention).
 CREATE INDEX idem_keys_sweep_idx ON {{schema}}.idem_keys (locked_until)
     WHERE state = 'in_progress';
+{{partitions}}
