@@ -106,8 +106,9 @@ func convertAll[T any](ms []T, f func(T) migration) []migration {
 
 // migrateOptions are the settings of `idem migrate`.
 type migrateOptions struct {
-	action string // up, down or status
-	store  string
+	action     string // up, down or status
+	store      string
+	partitions int // up on PostgreSQL: hash partitions of a new key table
 }
 
 var migrateActions = []string{"up", "down", "status"}
@@ -121,6 +122,7 @@ func newMigrateFlags(o *migrateOptions) *flagSet {
 			"  status  lists the migrations and when each was applied\n"+
 			"Redis and memory stores have no schema: there is nothing to migrate.")
 	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(countValue{&o.partitions}, "partitions", "with up on PostgreSQL: create the key table hash-partitioned by tenant into `N` partitions (0: one table)")
 	return fs
 }
 
@@ -143,6 +145,12 @@ func parseMigrate(args []string, e *env) (*migrateOptions, error) {
 		return nil, usageErrorf("unknown action %q: want up, down or status", pos[0])
 	}
 	o.action = pos[0]
+	if o.partitions > 0 && o.action != "up" {
+		return nil, usageErrorf("--partitions applies to up only")
+	}
+	if o.partitions > idempgx.MaxPartitions {
+		return nil, usageErrorf("--partitions %d: at most %d", o.partitions, idempgx.MaxPartitions)
+	}
 	return o, nil
 }
 
@@ -187,7 +195,10 @@ func runMigrate(ctx context.Context, e *env, args []string) (err error) {
 	}
 	// Only up may create a SQLite file: status and down on a mistyped path
 	// fail rather than report an empty new file.
-	store, closeStore, err := storeurl.OpenWith(ctx, o.store, &storeurl.Options{NoMigrate: true, NoCreate: o.action != "up"})
+	if o.partitions > 0 && kind != storeurl.KindPostgres {
+		return usageErrorf("--partitions applies to a PostgreSQL store only")
+	}
+	store, closeStore, err := storeurl.OpenWith(ctx, o.store, &storeurl.Options{NoMigrate: true, NoCreate: o.action != "up", Partitions: o.partitions})
 	if err != nil {
 		return fmt.Errorf("opening the store: %w", err)
 	}
@@ -211,6 +222,18 @@ func runMigrate(ctx context.Context, e *env, args []string) (err error) {
 		}
 		if len(done) == 0 {
 			fmt.Fprintln(e.stdout, "Nothing to apply: the schema is up to date.")
+		}
+		if pg, ok := store.(*idempgx.Store); ok {
+			parts, err := pg.Partitions(ctx)
+			if err != nil {
+				return err
+			}
+			switch {
+			case len(parts) > 0:
+				fmt.Fprintf(e.stdout, "The key table is hash-partitioned by tenant into %d partitions.\n", len(parts))
+			case o.partitions > 0:
+				return fmt.Errorf("--partitions %d: the key table already exists as one table; partitions are chosen when it is created (copy the records into a new schema migrated with --partitions)", o.partitions)
+			}
 		}
 	case "down":
 		r, err := m.down(ctx)

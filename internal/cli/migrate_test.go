@@ -82,14 +82,18 @@ func TestParseMigrate(t *testing.T) {
 		want    migrateOptions
 		wantErr string
 	}{
-		{name: "default store", args: []string{"up"}, want: migrateOptions{"up", "sqlite:./idem.db"}},
-		{name: "flag after action", args: []string{"status", "--store", "memory:"}, want: migrateOptions{"status", "memory:"}},
-		{name: "flag before action", args: []string{"--store", "memory:", "down"}, want: migrateOptions{"down", "memory:"}},
-		{name: "variable", args: []string{"up"}, env: map[string]string{"IDEM_STORE": "postgres://db/x"}, want: migrateOptions{"up", "postgres://db/x"}},
+		{name: "default store", args: []string{"up"}, want: migrateOptions{action: "up", store: "sqlite:./idem.db"}},
+		{name: "flag after action", args: []string{"status", "--store", "memory:"}, want: migrateOptions{action: "status", store: "memory:"}},
+		{name: "flag before action", args: []string{"--store", "memory:", "down"}, want: migrateOptions{action: "down", store: "memory:"}},
+		{name: "variable", args: []string{"up"}, env: map[string]string{"IDEM_STORE": "postgres://db/x"}, want: migrateOptions{action: "up", store: "postgres://db/x"}},
 		{name: "flag wins over variable", args: []string{"up", "--store", "memory:"}, env: map[string]string{"IDEM_STORE": "postgres://db/x"},
-			want: migrateOptions{"up", "memory:"}},
-		{name: "empty variable is unset", args: []string{"up"}, env: map[string]string{"IDEM_STORE": ""}, want: migrateOptions{"up", "sqlite:./idem.db"}},
-		{name: "action after --", args: []string{"--store", "memory:", "--", "up"}, want: migrateOptions{"up", "memory:"}},
+			want: migrateOptions{action: "up", store: "memory:"}},
+		{name: "empty variable is unset", args: []string{"up"}, env: map[string]string{"IDEM_STORE": ""}, want: migrateOptions{action: "up", store: "sqlite:./idem.db"}},
+		{name: "action after --", args: []string{"--store", "memory:", "--", "up"}, want: migrateOptions{action: "up", store: "memory:"}},
+		{name: "partitions", args: []string{"up", "--partitions", "16", "--store", "postgres://db/x"},
+			want: migrateOptions{action: "up", store: "postgres://db/x", partitions: 16}},
+		{name: "partitions with down", args: []string{"down", "--partitions", "16"}, wantErr: "--partitions applies to up only"},
+		{name: "too many partitions", args: []string{"up", "--partitions", "1025"}, wantErr: "at most 1024"},
 
 		{name: "no action", wantErr: "want an action: up, down or status"},
 		{name: "unknown action", args: []string{"sideways"}, wantErr: `unknown action "sideways"`},
@@ -198,6 +202,32 @@ func TestMigrateSQLite(t *testing.T) {
 func TestMigratePostgres(t *testing.T) {
 	t.Parallel()
 	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters", "003_reconcile_state"})
+}
+
+// `idem migrate up --partitions N` creates the key table hash-partitioned
+// by tenant and says so; on an existing single table it is an error, and
+// on a store other than PostgreSQL a usage error.
+func TestMigratePostgresPartitions(t *testing.T) {
+	t.Parallel()
+	store := postgresURL(t)
+	out := mustRun(t, "migrate", "up", "--partitions", "8", "--store", store)
+	if !strings.HasPrefix(out, "applied 001_create_keys\n") || !strings.Contains(out, "hash-partitioned by tenant into 8 partitions.\n") {
+		t.Errorf("up --partitions 8 printed:\n%s", out)
+	}
+	if out := mustRun(t, "migrate", "up", "--store", store); !strings.Contains(out, "into 8 partitions") {
+		t.Errorf("second up printed:\n%s", out)
+	}
+
+	single := postgresURL(t)
+	mustRun(t, "migrate", "up", "--store", single)
+	if code, _, stderr := runCommand(t, nil, "migrate", "up", "--partitions", "4", "--store", single); code != ExitError ||
+		!strings.Contains(stderr, "already exists as one table") {
+		t.Errorf("up --partitions on a single table: exit %d, stderr %s", code, stderr)
+	}
+	if code, _, stderr := runCommand(t, nil, "migrate", "up", "--partitions", "4", "--store", sqliteURL(t)); code != ExitUsage ||
+		!strings.Contains(stderr, "PostgreSQL store only") {
+		t.Errorf("up --partitions on SQLite: exit %d, stderr %s", code, stderr)
+	}
 }
 
 func TestMigrateFailures(t *testing.T) {

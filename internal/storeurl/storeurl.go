@@ -86,6 +86,9 @@ type Options struct {
 	// NoCreate fails to open a SQLite file that does not exist yet, rather
 	// than creating it. Defaults to false: create it.
 	NoCreate bool
+	// Partitions is idempgx.Config.Partitions for a PostgreSQL store: the
+	// hash partitions of a key table its migration creates. Defaults to 0.
+	Partitions int
 }
 
 // Open opens the store rawURL names and returns it with the function that
@@ -232,7 +235,7 @@ func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Stor
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := &idempgx.Config{Schema: schema}
+	cfg := &idempgx.Config{Schema: schema, Partitions: o.Partitions}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
