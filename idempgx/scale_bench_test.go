@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,21 @@ import (
 
 // largeEnv enables the 10,000,000-row case of BenchmarkReserveScale.
 const largeEnv = "IDEM_BENCH_LARGE"
+
+// partitionsEnv, set to N, runs BenchmarkReserveScale on key tables
+// hash-partitioned into N partitions (Config.Partitions), filled with
+// records of 1,000 tenants rather than one, so that they spread.
+const partitionsEnv = "IDEM_BENCH_PARTITIONS"
+
+// scaleStore returns a migrated store for BenchmarkReserveScale: with
+// partitionsEnv, on a partitioned key table.
+func scaleStore(b *testing.B) *Store {
+	n, _ := strconv.Atoi(os.Getenv(partitionsEnv))
+	if n > 0 {
+		return newPartitionedStore(b, time.Now, n)
+	}
+	return newTestStore(b, time.Now)
+}
 
 // BenchmarkReserveScale measures KeyReserve of a new key, one request at a
 // time, on an empty table and on a table that already holds 10,000,000
@@ -26,17 +43,19 @@ const largeEnv = "IDEM_BENCH_LARGE"
 //
 //	go test -run '^$' -bench BenchmarkReserveScale ./idempgx
 //	IDEM_BENCH_LARGE=1 go test -run '^$' -bench BenchmarkReserveScale -benchtime 20000x -count 1 -timeout 30m ./idempgx
+//
+// With IDEM_BENCH_PARTITIONS=N both tables are hash-partitioned by scope.
 func BenchmarkReserveScale(b *testing.B) {
 	const large = 10_000_000
 	// The large table is filled before either case runs, so that the two
 	// are measured back to back, under the same load of the machine.
 	var filled *Store
 	if os.Getenv(largeEnv) == "1" {
-		filled = newTestStore(b, time.Now)
+		filled = scaleStore(b)
 		fillScaleTable(b, filled, large)
 	}
 	b.Run("rows=0", func(b *testing.B) {
-		benchReserve(b, newTestStore(b, time.Now))
+		benchReserve(b, scaleStore(b))
 	})
 	b.Run(fmt.Sprintf("rows=%d", large), func(b *testing.B) {
 		if filled == nil {
@@ -113,12 +132,16 @@ WHERE n.nspname = $1 AND t.relname = 'idem_keys' AND NOT i.indisprimary`, s.cfg.
 	}
 	defer tx.Rollback(ctx)
 	stmts := []string{"ALTER TABLE " + s.schema + ".idem_keys DROP CONSTRAINT idem_keys_pkey"}
-	for _, def := range indexes {
+	for i, def := range indexes {
 		var name string
 		if _, err := fmt.Sscanf(def, "CREATE INDEX %s ON", &name); err != nil {
 			b.Fatalf("index definition %q: %v", def, err)
 		}
 		stmts = append(stmts, "DROP INDEX "+s.schema+"."+name)
+		// A partitioned table's index is defined ON ONLY the parent; built
+		// again ON the table, it is built on every partition too.
+		def = strings.Replace(def, " ON ONLY ", " ON ", 1)
+		indexes[i] = def
 	}
 	for _, sql := range stmts {
 		if _, err := tx.Exec(ctx, sql); err != nil {
@@ -129,7 +152,7 @@ WHERE n.nspname = $1 AND t.relname = 'idem_keys' AND NOT i.indisprimary`, s.cfg.
 INSERT INTO `+s.schema+`.idem_keys (scope, endpoint, key, fingerprint, state, token,
     locked_until, started_at, lease_expired_state, response_status, response_header,
     response_body, created_at, updated_at, expires_at)
-SELECT 'tenant', 'POST /v1/payments', md5(i::text || 'k'), md5(i::text) || md5(i::text), st,
+SELECT CASE WHEN $3 THEN 'tenant-' || (i % 1000) ELSE 'tenant' END, 'POST /v1/payments', md5(i::text || 'k'), md5(i::text) || md5(i::text), st,
     md5(i::text || 't'), $1::timestamptz, $1::timestamptz, 'unknown',
     CASE WHEN st = 'completed' THEN 201 END,
     CASE WHEN st = 'completed' THEN '{"Content-Type":["application/json"]}'::jsonb END,
@@ -138,7 +161,7 @@ SELECT 'tenant', 'POST /v1/payments', md5(i::text || 'k'), md5(i::text) || md5(i
     $1::timestamptz + (i % 86400) * interval '1 second'
 FROM generate_series(1, $2::int) AS i,
     LATERAL (SELECT CASE WHEN i % 20 = 0 THEN 'unknown' WHEN i % 20 = 1 THEN 'released'
-                         ELSE 'completed' END AS st) AS s`, time.Now(), rows)
+                         ELSE 'completed' END AS st) AS s`, time.Now(), rows, s.cfg.Partitions > 0)
 	if err != nil {
 		b.Fatalf("inserting %d records: %v", rows, err)
 	}
