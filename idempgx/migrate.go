@@ -34,7 +34,7 @@ func (s *Store) migrator() *migrate.Runner {
 			Table:    "idem_migrations",
 			LockName: "idempgx.migrate",
 		},
-		Now:    s.now,
+		Now: s.now,
 		Expand: func(sql string) string {
 			return expandPartitions(expand(sql, s.schema, s.channel), s.schema, s.cfg.Partitions)
 		},

@@ -308,18 +308,27 @@ func poll(ctx context.Context, ok func() bool) error {
 func (c *Cluster) Owner(ctx context.Context, slot int) (int, error) {
 	client := redis.NewClient(&redis.Options{Addr: c.Masters[0].Addr})
 	defer client.Close()
-	ranges, err := client.ClusterSlots(ctx).Result()
+	shards, err := client.ClusterShards(ctx).Result()
 	if err != nil {
 		return 0, err
 	}
-	for _, r := range ranges {
-		if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
-			for i, m := range c.Masters {
-				if m.Addr == r.Nodes[0].Addr {
-					return i, nil
-				}
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if int64(slot) < r.Start || int64(slot) > r.End {
+				continue
 			}
-			return 0, fmt.Errorf("slot %d is served by %s, not a master of the cluster", slot, r.Nodes[0].Addr)
+			for _, n := range sh.Nodes {
+				if n.Role != "master" {
+					continue
+				}
+				addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+				for i, m := range c.Masters {
+					if m.Addr == addr {
+						return i, nil
+					}
+				}
+				return 0, fmt.Errorf("slot %d is served by %s, not a master of the cluster", slot, addr)
+			}
 		}
 	}
 	return 0, fmt.Errorf("slot %d is not served", slot)
