@@ -98,7 +98,7 @@ func TestEmbeddedSQL(t *testing.T) {
 	}
 	unqualified := regexp.MustCompile(`(?:^|[^.\w'])idem_(?:keys|migrations)\b`)
 	for name, sql := range stmts {
-		sql = expand(sql, `"s"`, "c")
+		sql = expandPartitions(expand(sql, `"s"`, "c"), `"s"`, 4)
 		var code strings.Builder
 		for line := range strings.Lines(sql) {
 			if !strings.HasPrefix(strings.TrimSpace(line), "--") {
