@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/storeurl"
@@ -200,4 +201,53 @@ func TestKeysCountsAcrossClusterMasters(t *testing.T) {
 	if n := len(storedRecords(t, c, ru.Prefix)); n != live+leases {
 		t.Errorf("after purge: %d records stored, want %d", n, live+leases)
 	}
+}
+
+// TestCacheOnRedisCluster: --cache takes redis+cluster:// (with ?prefix=)
+// and writes its entries to the cluster; a redis:// cache URL naming a
+// cluster node and a cache URL with wait_replicas are refused.
+func TestCacheOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	c := redisproc.StartCluster(t, 3)
+	a := c.Addrs()
+	ctx := t.Context()
+	prefix := "cli_cache_" + randomHexString(t) + ":"
+	store, closeCache, err := openCache(ctx, "redis+cluster://"+a[0]+"?addr="+a[1]+"&prefix="+prefix, idemmem.New(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeCache()
+	for i := range 20 {
+		id := idemstore.Identity{Scope: "s", Endpoint: payments, Key: "k" + strconv.Itoa(i)}
+		seed(t, store, id, idemstore.StateCompleted, time.Hour)
+		res, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "fp-" + id.Key, Token: "again",
+			Lease: time.Minute, TTL: time.Hour})
+		if err != nil || res.Reserved || res.Record.State != idemstore.StateCompleted {
+			t.Fatalf("replay of %s: %+v, %v", id.Key, res, err)
+		}
+	}
+	cached := 0
+	for _, m := range c.Masters {
+		keys, err := m.Client().Keys(ctx, prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached += len(keys)
+	}
+	if cached == 0 {
+		t.Errorf("no cache entry under %q on the cluster's masters", prefix)
+	}
+
+	if _, _, err := openCache(ctx, "redis://"+a[2]+"/0", idemmem.New(nil), nil); err == nil || !strings.Contains(err.Error(), "redis+cluster://") {
+		t.Errorf("a redis:// cache on a cluster node: %v; want a refusal naming redis+cluster://", err)
+	}
+	if _, _, err := openCache(ctx, "redis+cluster://"+a[0]+"?wait_replicas=1", idemmem.New(nil), nil); err == nil || !strings.Contains(err.Error(), "wait_replicas") {
+		t.Errorf("a cache URL with wait_replicas: %v; want a refusal", err)
+	}
+}
+
+func randomHexString(t *testing.T) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
