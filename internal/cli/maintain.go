@@ -107,6 +107,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	defer closeStore(&err)
 	// The reconciler stores the answers it finds, and the console shows
 	// records: both through the keyring.
+	raw := store // names its masters; the keyring's wrapper does not
 	store = idemcrypt.New(store, keyring)
 	cfg := maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize)
 	o.reconcile.apply(e, cfg, idemmaint.DefaultLookupMaxBody)
@@ -114,7 +115,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	if o.once {
 		err := m.RunOnce(ctx)
 		printMaintainStats(e, m.Stats())
-		if span := spanNote(ctx, store); span != "" {
+		if span := spanNote(ctx, raw); span != "" {
 			fmt.Fprintf(e.stdout, "Swept and reaped on %s.\n", span)
 		}
 		if err != nil {
@@ -131,7 +132,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 		"reconciler", o.reconcile.kind(),
 		"encryption_keys", keyNames(keyring),
 	)
-	if span := spanNote(ctx, store); span != "" {
+	if span := spanNote(ctx, raw); span != "" {
 		e.logger.Info("maintaining the records of several masters", "store_span", span)
 	}
 	o2, err := newOps(&o.ops, opsParts{Store: store, Maintainer: m, Logger: e.logger})
