@@ -3,6 +3,7 @@ package e2e
 import (
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -101,6 +102,53 @@ func TestRedisKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	if state, err := client.HGet(t.Context(), recs[0], "state").Result(); err != nil || state != "unknown" {
 		t.Fatalf("record state %q, %v; want unknown", state, err)
 	}
+	for range 3 {
+		got := post(t.Context(), b.URL+"/v1/payments", key, body)
+		if got.err != nil || got.status != http.StatusConflict || got.code != idem.CodeOutcomeUnknown {
+			t.Fatalf("retry past the retention: %v, want 409 outcome-unknown", got)
+		}
+	}
+	if n := up.executions(key); n != 1 {
+		t.Fatalf("the upstream executed %d times, want 1", n)
+	}
+}
+
+// TestSQLiteKilledProxyUnknownOutlivesRetention is the same rule on the
+// embedded default: the proxy on a SQLite file is killed while its upstream
+// call runs; past the retention, `idem maintain --once` on the file, and a
+// new proxy on the same file answers every retry 409 outcome-unknown.
+func TestSQLiteKilledProxyUnknownOutlivesRetention(t *testing.T) {
+	t.Parallel()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	block := make(chan struct{})
+	up := newUpstream(t, 0, block)
+	defer close(block)
+	startSQLiteProxy := func(name string) *proc {
+		cmd := exec.Command(idemBinary(t), "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL,
+			"--store", store, "--lease", "1s", "--ttl", "3s")
+		cmd.Env = cleanEnviron()
+		return start(t, name, cmd)
+	}
+	a := startSQLiteProxy("proxy-a")
+	const key, body = "outlives-key", `{"amount":1000}`
+
+	first := make(chan answer, 1)
+	go func() { first <- post(t.Context(), a.URL+"/v1/payments", key, body) }()
+	select {
+	case <-up.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request never reached the upstream")
+	}
+	killNow(t, a)
+	<-first
+
+	time.Sleep(4 * time.Second) // past the 3 s retention; real processes: real time
+	cmd := exec.Command(idemBinary(t), "maintain", "--once", "--store", store)
+	cmd.Env = cleanEnviron()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("idem maintain --once: %v\n%s", err, out)
+	}
+	b := startSQLiteProxy("proxy-b")
 	for range 3 {
 		got := post(t.Context(), b.URL+"/v1/payments", key, body)
 		if got.err != nil || got.status != http.StatusConflict || got.code != idem.CodeOutcomeUnknown {
