@@ -28,37 +28,17 @@ func TestKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	b := e.startProxy("proxy-b", up.URL, 3, "--lease", "1s", "--ttl", "3s")
 	const key, body = "outlives-key", `{"amount":1000}`
 
-	first := make(chan answer, 1)
-	go func() { first <- post(t.Context(), a.URL+"/v1/payments", key, body) }()
-	select {
-	case <-up.entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the request never reached the upstream")
-	}
-	killNow(t, a)
-	<-first
+	killMidRequest(t, a, up, key, body)
 
 	rec := e.record()
 	for time.Now().Before(rec.ExpiresAt.Add(time.Second)) {
 		time.Sleep(100 * time.Millisecond) // real processes: real time
 	}
-	cmd := exec.Command(idemBinary(t), "maintain", "--once", "--store", e.storeURL(2))
-	cmd.Env = cleanEnviron()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("idem maintain --once: %v\n%s", err, out)
-	}
+	maintainOnce(t, e.storeURL(2))
 	if rec := e.record(); rec.State != idemstore.StateUnknown || rec.Attempts != 1 {
 		t.Fatalf("record past its retention after maintenance: %s after %d attempts; want unknown after 1", rec.State, rec.Attempts)
 	}
-	for range 3 {
-		got := post(t.Context(), b.URL+"/v1/payments", key, body)
-		if got.err != nil || got.status != http.StatusConflict || got.code != idem.CodeOutcomeUnknown {
-			t.Fatalf("retry past the retention: %v, want 409 outcome-unknown", got)
-		}
-	}
-	if n := up.executions(key); n != 1 {
-		t.Fatalf("the upstream executed %d times, want 1", n)
-	}
+	requireStillUnknown(t, b, up, key, body)
 }
 
 // TestRedisKilledProxyUnknownOutlivesRetention is the same on Redis, where
@@ -75,21 +55,9 @@ func TestRedisKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	b := startRedisProxy(t, "proxy-b", up.URL, r, "--lease", "1s", "--ttl", "3s")
 	const key, body = "outlives-key", `{"amount":1000}`
 
-	first := make(chan answer, 1)
-	go func() { first <- post(t.Context(), a.URL+"/v1/payments", key, body) }()
-	select {
-	case <-up.entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the request never reached the upstream")
-	}
-	killNow(t, a)
-	<-first
+	killMidRequest(t, a, up, key, body)
 	time.Sleep(4 * time.Second) // past the retention; real processes: real time
-	cmd := exec.Command(idemBinary(t), "maintain", "--once", "--store", r.URL())
-	cmd.Env = cleanEnviron()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("idem maintain --once: %v\n%s", err, out)
-	}
+	maintainOnce(t, r.URL())
 	client := redis.NewClient(&redis.Options{Addr: r.addr()})
 	defer client.Close()
 	recs, err := client.Keys(t.Context(), "idem:{*}:r:*").Result()
@@ -102,15 +70,7 @@ func TestRedisKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	if state, err := client.HGet(t.Context(), recs[0], "state").Result(); err != nil || state != "unknown" {
 		t.Fatalf("record state %q, %v; want unknown", state, err)
 	}
-	for range 3 {
-		got := post(t.Context(), b.URL+"/v1/payments", key, body)
-		if got.err != nil || got.status != http.StatusConflict || got.code != idem.CodeOutcomeUnknown {
-			t.Fatalf("retry past the retention: %v, want 409 outcome-unknown", got)
-		}
-	}
-	if n := up.executions(key); n != 1 {
-		t.Fatalf("the upstream executed %d times, want 1", n)
-	}
+	requireStillUnknown(t, b, up, key, body)
 }
 
 // TestSQLiteKilledProxyUnknownOutlivesRetention is the same rule on the
@@ -132,6 +92,18 @@ func TestSQLiteKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	a := startSQLiteProxy("proxy-a")
 	const key, body = "outlives-key", `{"amount":1000}`
 
+	killMidRequest(t, a, up, key, body)
+
+	time.Sleep(4 * time.Second) // past the 3 s retention; real processes: real time
+	maintainOnce(t, store)
+	b := startSQLiteProxy("proxy-b")
+	requireStillUnknown(t, b, up, key, body)
+}
+
+// killMidRequest sends key's request through a, waits until the upstream
+// works on it, and kills a with SIGKILL.
+func killMidRequest(t *testing.T, a *proc, up *upstream, key, body string) {
+	t.Helper()
 	first := make(chan answer, 1)
 	go func() { first <- post(t.Context(), a.URL+"/v1/payments", key, body) }()
 	select {
@@ -141,14 +113,22 @@ func TestSQLiteKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	}
 	killNow(t, a)
 	<-first
+}
 
-	time.Sleep(4 * time.Second) // past the 3 s retention; real processes: real time
+// maintainOnce runs `idem maintain --once` (sweeper, reaper) on store.
+func maintainOnce(t *testing.T, store string) {
+	t.Helper()
 	cmd := exec.Command(idemBinary(t), "maintain", "--once", "--store", store)
 	cmd.Env = cleanEnviron()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("idem maintain --once: %v\n%s", err, out)
 	}
-	b := startSQLiteProxy("proxy-b")
+}
+
+// requireStillUnknown retries key's request through b three times: each
+// gets 409 outcome-unknown, and the upstream has executed it once.
+func requireStillUnknown(t *testing.T, b *proc, up *upstream, key, body string) {
+	t.Helper()
 	for range 3 {
 		got := post(t.Context(), b.URL+"/v1/payments", key, body)
 		if got.err != nil || got.status != http.StatusConflict || got.code != idem.CodeOutcomeUnknown {
