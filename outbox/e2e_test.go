@@ -11,29 +11,30 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/provider"
 	"github.com/idem-dev/idem/outbox"
 )
 
 // e2e is the golden path of SPEC section 5 in miniature: a payments
 // endpoint in transactional mode writes the payment and the outbox row with
-// the key's completion; the relay charges the simulated provider with the
+// the key's completion; the relay charges a downstream bank with the
 // derived key.
 type e2e struct {
 	app      *httptest.Server
-	bank     *provider.Server
+	bank     *bank
 	outbox   *outbox.SQLiteStore
 	clock    *idemtest.Clock
 	bankHTTP *http.Client
 }
 
-func setupE2E(t *testing.T, faults provider.Faults) *e2e {
+func setupE2E(t *testing.T, loseAnswers bool) *e2e {
 	t.Helper()
 	dir := t.TempDir()
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -81,19 +82,10 @@ func setupE2E(t *testing.T, faults provider.Faults) *e2e {
 	app := httptest.NewServer(mux)
 	t.Cleanup(app.Close)
 
-	bank, err := provider.Listen("127.0.0.1:0", &provider.Config{
-		Store:  "sqlite:" + filepath.Join(dir, "bank.db"),
-		Faults: faults,
-		Logger: logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bank := newBank(t)
+	bank.loseAnswers.Store(loseAnswers)
 	bankHTTP := &http.Client{Transport: &http.Transport{}, Timeout: 300 * time.Millisecond}
-	t.Cleanup(func() {
-		bankHTTP.CloseIdleConnections()
-		bank.Close()
-	})
+	t.Cleanup(bankHTTP.CloseIdleConnections)
 	return &e2e{app: app, bank: bank, outbox: ob, clock: clock, bankHTTP: bankHTTP}
 }
 
@@ -114,7 +106,7 @@ func (e *e2e) pay(t *testing.T, key string) (int, bool) {
 
 // deliver charges the bank with the message's key.
 func (e *e2e) deliver(ctx context.Context, m outbox.Message) (outbox.Outcome, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.bank.URL()+"/charges", strings.NewReader(string(m.Payload)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.bank.URL+"/charges", strings.NewReader(string(m.Payload)))
 	if err != nil {
 		return outbox.OutcomePermanent, err
 	}
@@ -126,7 +118,7 @@ func (e *e2e) deliver(ctx context.Context, m outbox.Message) (outbox.Outcome, er
 // reconcile asks the bank whether the charge with the message's key exists.
 func (e *e2e) reconcile(ctx context.Context, m outbox.Message) (outbox.Outcome, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		e.bank.URL()+"/charges?idempotency_key="+url.QueryEscape(m.IdempotencyKey), nil)
+		e.bank.URL+"/charges?idempotency_key="+url.QueryEscape(m.IdempotencyKey), nil)
 	if err != nil {
 		return outbox.OutcomeUnknown, err
 	}
@@ -144,13 +136,90 @@ func (e *e2e) reconcile(ctx context.Context, m outbox.Message) (outbox.Outcome, 
 	return outbox.OutcomeUnknown, fmt.Errorf("bank answered %s", resp.Status)
 }
 
-func (e *e2e) charges(t *testing.T) []provider.Charge {
-	t.Helper()
-	cs, err := e.bank.Charges(context.Background())
-	if err != nil {
-		t.Fatal(err)
+// bank is the downstream the relay charges: an API that deduplicates
+// charges by Idempotency-Key itself (a retry with a known key answers the
+// charge it made) and can lose its answers after charging.
+type bank struct {
+	*httptest.Server
+	loseAnswers atomic.Bool
+
+	mu      sync.Mutex
+	charges []charge
+}
+
+type charge struct {
+	ID             int
+	IdempotencyKey string
+	Body           string
+}
+
+func newBank(t *testing.T) *bank {
+	b := &bank{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		key := r.Header.Get(idem.HeaderKey)
+		if err != nil || key == "" {
+			http.Error(w, "a charge needs a body and an Idempotency-Key", http.StatusBadRequest)
+			return
+		}
+		c, created := b.charge(key, string(body))
+		if b.loseAnswers.Load() {
+			// Charged, but the answer never reaches the caller.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		status := http.StatusOK
+		if created {
+			status = http.StatusCreated
+		}
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"id":%d}`, c.ID)
+	})
+	mux.HandleFunc("GET /charges", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := b.find(r.URL.Query().Get("idempotency_key")); !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	b.Server = httptest.NewServer(mux)
+	t.Cleanup(b.Close)
+	return b
+}
+
+func (b *bank) find(key string) (charge, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range b.charges {
+		if c.IdempotencyKey == key {
+			return c, true
+		}
 	}
-	return cs
+	return charge{}, false
+}
+
+// charge makes the charge for key unless one exists.
+func (b *bank) charge(key, body string) (charge, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range b.charges {
+		if c.IdempotencyKey == key {
+			return c, false
+		}
+	}
+	c := charge{ID: len(b.charges) + 1, IdempotencyKey: key, Body: body}
+	b.charges = append(b.charges, c)
+	return c, true
+}
+
+func (e *e2e) ledger() []charge {
+	e.bank.mu.Lock()
+	defer e.bank.mu.Unlock()
+	return append([]charge(nil), e.bank.charges...)
 }
 
 // TestEndToEndLostAnswer: the bank charges but its answer is lost. With an
@@ -162,7 +231,7 @@ func TestEndToEndLostAnswer(t *testing.T) {
 	for _, withReconcile := range []bool{true, false} {
 		t.Run(fmt.Sprint("reconcile=", withReconcile), func(t *testing.T) {
 			t.Parallel()
-			e := setupE2E(t, provider.Faults{TimeoutRate: 1})
+			e := setupE2E(t, true)
 			if status, _ := e.pay(t, "client-key-1"); status != http.StatusCreated {
 				t.Fatalf("POST /payments: %d", status)
 			}
@@ -187,7 +256,7 @@ func TestEndToEndLostAnswer(t *testing.T) {
 			if n, err := relay.RunOnce(ctx); n != 1 || err != nil {
 				t.Fatalf("RunOnce = %d, %v", n, err)
 			}
-			charges := e.charges(t)
+			charges := e.ledger()
 			if len(charges) != 1 || !strings.HasPrefix(charges[0].IdempotencyKey, "idem-") {
 				t.Fatalf("bank ledger %+v, want one charge under the derived key", charges)
 			}
@@ -197,9 +266,7 @@ func TestEndToEndLostAnswer(t *testing.T) {
 				if c, _ := e.outbox.MessageCounts(ctx); c[outbox.StatePending] != 1 {
 					t.Fatalf("outbox %v, want the message pending", c)
 				}
-				if err := e.bank.SetFaults(provider.Faults{}); err != nil {
-					t.Fatal(err)
-				}
+				e.bank.loseAnswers.Store(false)
 				e.clock.Advance(time.Second)
 				if n, err := relay.RunOnce(ctx); n != 1 || err != nil {
 					t.Fatalf("second RunOnce = %d, %v", n, err)
@@ -208,7 +275,7 @@ func TestEndToEndLostAnswer(t *testing.T) {
 			if c, _ := e.outbox.MessageCounts(ctx); c[outbox.StateDone] != 1 || len(c) != 1 {
 				t.Errorf("outbox %v, want the message done", c)
 			}
-			if again := e.charges(t); len(again) != 1 || again[0] != charges[0] {
+			if again := e.ledger(); len(again) != 1 || again[0] != charges[0] {
 				t.Errorf("bank ledger %+v, want still the one charge %+v", again, charges[0])
 			}
 		})
