@@ -1,4 +1,4 @@
-// Command idem makes retried HTTP writes safe; see internal/cli for its
+// Command idem makes retried HTTP writes safe; see cmd/idem/internal/cli for its
 // subcommands and `idem -h` for its usage.
 package main
 
@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/cmd/idem/internal/cli"
 )
 
 func main() {

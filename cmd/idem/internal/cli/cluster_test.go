@@ -14,10 +14,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/internal/testenv/redisproc"
 )
 

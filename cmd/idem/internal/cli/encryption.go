@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // keyringFlag is --encryption-keys-file: the path of the keys file, never

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // errNoSchema is what the commands that only inspect (or settle) records

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "modernc.org/sqlite"
 
-	"github.com/idem-dev/idem/internal/storeurl"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 )
 
 // The inspection commands never migrate or create: on a missing file, an

@@ -19,9 +19,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // storeOpener opens the store a URL names (storeurl.Open). Tests pass one

@@ -20,9 +20,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idem-dev/idem/internal/console"
-	paysvc "github.com/idem-dev/idem/internal/payments"
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
+	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
 )
 
 // ledgerCollector reports the payments service's ledger discrepancies

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-dev/idem/internal/loadgen"
+	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 )
 
 // loadOptions are the settings of `idem load`.

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 	"github.com/idem-dev/idem/idemmem"
-	"github.com/idem-dev/idem/internal/loadgen"
 )
 
 func TestParseLoad(t *testing.T) {

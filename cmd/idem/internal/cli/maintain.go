@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmaint"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // maintainOptions are the settings of `idem maintain`.

@@ -15,14 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
+	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcache"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemprom"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/console"
-	paysvc "github.com/idem-dev/idem/internal/payments"
 	"github.com/idem-dev/idem/internal/redact"
-	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
 

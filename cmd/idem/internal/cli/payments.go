@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	paysvc "github.com/idem-dev/idem/internal/payments"
-	"github.com/idem-dev/idem/internal/provider"
-	"github.com/idem-dev/idem/internal/storeurl"
+	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 )
 
 // demoTenant is the tenant made when --tokens is not given.

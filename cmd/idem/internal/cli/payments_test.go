@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	paysvc "github.com/idem-dev/idem/internal/payments"
-	"github.com/idem-dev/idem/internal/provider"
+	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 )
 
 const (

@@ -7,8 +7,8 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/idem-dev/idem/internal/provider"
-	"github.com/idem-dev/idem/internal/storeurl"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 )
 
 // providerOptions are the settings of `idem provider`.

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/proxy"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmaint"
-	"github.com/idem-dev/idem/internal/proxy"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // The proxy's defaults differ from the payments service's (127.0.0.1:8080,

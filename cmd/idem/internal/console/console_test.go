@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/console"
 )
 
 func TestNewRequiresTokenAndStore(t *testing.T) {

@@ -18,8 +18,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/console"
 )
 
 // chromium returns the path of a Chromium binary, skipping the test when
@@ -296,8 +296,8 @@ func feedTrends(tr *console.Trends, now time.Time) map[string]float64 {
 // TestConsoleInChromium; screenshotSum beside it holds the hash of the page
 // sources it shows.
 const (
-	screenshotPath = "../../docs/console.png"
-	screenshotSum  = "../../docs/console.png.sources"
+	screenshotPath = "../../../../docs/console.png"
+	screenshotSum  = "../../../../docs/console.png.sources"
 )
 
 // pageSourcesHash hashes what the overview is drawn from: the templates, the

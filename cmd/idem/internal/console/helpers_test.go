@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/console"
 )
 
 const testToken = "test-console-token-0123456789abcdef"

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/console"
 )
 
 // keysOn returns the keys a key list page shows, in order.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 )
 
 // memLedger is an in-memory console.Ledger, newest charge last.

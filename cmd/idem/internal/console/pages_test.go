@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/console"
 )
 
 // openKey opens the key page of the first record on the unknown queue.

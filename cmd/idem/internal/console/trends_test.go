@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/console"
+	"github.com/idem-dev/idem/cmd/idem/internal/console"
 )
 
 func TestOverviewChartsAndTrendsJSON(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/storeurl"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 )
 
 // Waits of `idem payments` that the tests sit out on real time. keyLease

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 )
 
 func TestCreateReplayAndReuse(t *testing.T) {

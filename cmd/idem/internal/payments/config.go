@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
-	"github.com/idem-dev/idem/internal/storeurl"
 )
 
 // Default values of the Config fields.

@@ -12,12 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/migrate"
 	"github.com/idem-dev/idem/internal/sqlfile"
-	"github.com/idem-dev/idem/internal/storeurl"
 	"github.com/idem-dev/idem/outbox"
 )
 
@@ -29,8 +29,8 @@ var postgresSQL string
 
 // The statements of each dialect, by name.
 var (
-	sqliteStatements   = sqlfile.MustParse("internal/payments/queries/sqlite.sql", sqliteSQL)
-	postgresStatements = sqlfile.MustParse("internal/payments/queries/postgres.sql", postgresSQL)
+	sqliteStatements   = sqlfile.MustParse("cmd/idem/internal/payments/queries/sqlite.sql", sqliteSQL)
+	postgresStatements = sqlfile.MustParse("cmd/idem/internal/payments/queries/postgres.sql", postgresSQL)
 )
 
 //go:embed migrations

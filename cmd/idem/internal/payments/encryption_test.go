@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/provider"
 )
 
 // With Config.Keyring the payment answers are stored sealed (transactional

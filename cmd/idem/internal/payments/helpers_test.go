@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/provider"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 

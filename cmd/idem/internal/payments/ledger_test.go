@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 )
 
 // logBuffer collects a service's log lines.

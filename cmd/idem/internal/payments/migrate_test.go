@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-dev/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 )
 
 // legacyAt is when the legacy runner of the tests applied 001.

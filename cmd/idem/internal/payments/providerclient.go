@@ -24,7 +24,7 @@ type charge struct {
 	Currency       string `json:"currency"`
 }
 
-// providerClient calls the payment provider (internal/provider, or any
+// providerClient calls the payment provider (cmd/idem/internal/provider, or any
 // server with the same API).
 type providerClient struct {
 	base   string // without a trailing slash

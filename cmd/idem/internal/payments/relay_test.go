@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/provider"
+	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 	"github.com/idem-dev/idem/outbox"
 )
 
