@@ -13,6 +13,7 @@ import (
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/benchkit"
 )
 
 // BenchmarkEncryption measures a new key and a replay with and without
@@ -45,7 +46,7 @@ func BenchmarkEncryption(b *testing.B) {
 			b.Run(name+"/"+mode.name+"/first", func(b *testing.B) {
 				turn := 0
 				store := stores[name](b, func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) })
-				h := idem.New(store, &idem.Config{Keyring: mode.kr, Now: func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) }})(benchHandler)
+				h := idem.New(store, &idem.Config{Keyring: mode.kr, Now: func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) }})(benchkit.Handler)
 				n := min(b.N, benchKeys)
 				keys, bodies := benchFirstRequests(n)
 				b.ReportAllocs()
@@ -56,19 +57,19 @@ func BenchmarkEncryption(b *testing.B) {
 						turn++ // the records of the previous turn expire
 					}
 					w := httptest.NewRecorder()
-					h.ServeHTTP(w, benchRequestBody(keys[k], bodies[i%len(bodies)]))
+					h.ServeHTTP(w, benchkit.RequestBody(keys[k], bodies[i%len(bodies)]))
 					if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
 						b.Fatal(w.Code, w.Body)
 					}
 				}
 			})
 			b.Run(name+"/"+mode.name+"/replay", func(b *testing.B) {
-				h := idem.New(stores[name](b, nil), &idem.Config{Keyring: mode.kr})(benchHandler)
-				h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
+				h := idem.New(stores[name](b, nil), &idem.Config{Keyring: mode.kr})(benchkit.Handler)
+				h.ServeHTTP(httptest.NewRecorder(), benchkit.Request("replayed"))
 				b.ReportAllocs()
 				for b.Loop() {
 					w := httptest.NewRecorder()
-					h.ServeHTTP(w, benchRequest("replayed"))
+					h.ServeHTTP(w, benchkit.Request("replayed"))
 					if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
 						b.Fatal(w.Code)
 					}

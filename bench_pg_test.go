@@ -4,13 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +17,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/internal/benchkit"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -87,8 +84,6 @@ func (r *sqlRecorder) record(f func()) []recordedStmt {
 
 // discardLogger is the benchmarks' logger: a log line is not what they
 // measure.
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 // pgBench is a migrated idempgx store in a schema of its own, on a pool
 // whose statements can be recorded, and the middleware on it.
 type pgBench struct {
@@ -127,14 +122,14 @@ func newPGBench(b *testing.B) *pgBench {
 	if _, err := store.Migrate(ctx); err != nil {
 		b.Fatalf("Migrate: %v", err)
 	}
-	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{Logger: discardLogger()})(benchHandler)}
+	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
 }
 
 // serve sends one request with key through the middleware and checks the
 // answer: 201, replayed or not.
 func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
 	w := httptest.NewRecorder()
-	p.mw.ServeHTTP(w, benchRequestBody(key, body))
+	p.mw.ServeHTTP(w, benchkit.RequestBody(key, body))
 	want := ""
 	if replayed {
 		want = "true"
@@ -148,11 +143,11 @@ func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
 // replay of it, and checks their number.
 func (p *pgBench) learn(b *testing.B) (reserve, complete recordedStmt) {
 	b.Helper()
-	stmts := p.rec.record(func() { p.serve(b, "probe", benchBody, false) })
+	stmts := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
 	if len(stmts) != 2 {
 		b.Fatalf("a new key sent %d statements, want 2 (reserve, complete)", len(stmts))
 	}
-	replay := p.rec.record(func() { p.serve(b, "probe", benchBody, true) })
+	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
 	if len(replay) != 1 || replay[0].sql != stmts[0].sql {
 		b.Fatalf("a replay sent %d statements, want 1 (reserve)", len(replay))
 	}
@@ -171,7 +166,7 @@ func BenchmarkMiddlewarePGNewKey(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
-			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchBodyN(i), false)
+			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
 		}
 	})
 }
@@ -186,7 +181,7 @@ func BenchmarkMiddlewarePGReplay(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			p.serve(b, "probe", benchBody, true)
+			p.serve(b, "probe", benchkit.Body, true)
 		}
 	})
 }
@@ -244,14 +239,7 @@ var rawVariants = []struct {
 // bareRequest runs the bare handler on a new request with key and body, as
 // the middleware benchmarks do around the middleware.
 func bareRequest(key, body string) {
-	benchHandler.ServeHTTP(httptest.NewRecorder(), benchRequestBody(key, body))
-}
-
-// benchBodyN is benchBody with order number i (modulo 100,000): the new-key
-// benchmarks give every request its own body, as clients do, so the
-// middleware's fingerprint cache does not spare them the canonicalisation.
-func benchBodyN(i int64) string {
-	return strings.ReplaceAll(benchBody, "48213", fmt.Sprintf("%05d", i%100000))
+	benchkit.Handler.ServeHTTP(httptest.NewRecorder(), benchkit.RequestBody(key, body))
 }
 
 // BenchmarkRawPGNewKey is BenchmarkMiddlewarePGNewKey's two statements in
@@ -279,7 +267,7 @@ func rawPGNewKey(b *testing.B, handler bool) {
 				b.Fatalf("reserve: %v (reserved %v)", err, row.reserved)
 			}
 			if handler {
-				bareRequest(key, benchBodyN(i))
+				bareRequest(key, benchkit.BodyN(i))
 			}
 			args := append([]any(nil), complete.args...)
 			args[completeArgKey], args[completeArgToken] = key, key
@@ -314,7 +302,7 @@ func rawPGReplay(b *testing.B, handler bool) {
 				b.Fatalf("replay: %v (reserved %v, state %s)", err, row.reserved, row.state)
 			}
 			if handler {
-				bareRequest("probe", benchBody)
+				bareRequest("probe", benchkit.Body)
 			}
 		}
 	})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemredis"
+	"github.com/idem-dev/idem/internal/benchkit"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -117,14 +118,14 @@ func newRedisBench(b *testing.B) *redisBench {
 		}
 	})
 	store := idemredis.New(client, &idemredis.Config{Prefix: prefix})
-	return &redisBench{client: client, rec: rec, mw: idem.New(store, &idem.Config{Logger: discardLogger()})(benchHandler)}
+	return &redisBench{client: client, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
 }
 
 // serve sends one request with key through the middleware and checks the
 // answer: 201, replayed or not.
 func (p *redisBench) serve(b *testing.B, key, body string, replayed bool) {
 	w := httptest.NewRecorder()
-	p.mw.ServeHTTP(w, benchRequestBody(key, body))
+	p.mw.ServeHTTP(w, benchkit.RequestBody(key, body))
 	want := ""
 	if replayed {
 		want = "true"
@@ -163,13 +164,13 @@ func parseScriptCall(b *testing.B, cmd []any) scriptCall {
 // replay of it, and checks their number.
 func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
 	b.Helper()
-	p.serve(b, "warm-up", benchBody, false)
-	p.serve(b, "warm-up", benchBody, true)
-	cmds := p.rec.record(func() { p.serve(b, "probe", benchBody, false) })
+	p.serve(b, "warm-up", benchkit.Body, false)
+	p.serve(b, "warm-up", benchkit.Body, true)
+	cmds := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
 	if len(cmds) != 2 {
 		b.Fatalf("a new key sent %d commands, want 2 (reserve, complete): %v", len(cmds), cmds)
 	}
-	replay := p.rec.record(func() { p.serve(b, "probe", benchBody, true) })
+	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
 	if len(replay) != 1 {
 		b.Fatalf("a replay sent %d commands, want 1 (reserve): %v", len(replay), replay)
 	}
@@ -192,7 +193,7 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
-			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchBodyN(i), false)
+			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
 		}
 	})
 }
@@ -207,7 +208,7 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			p.serve(b, "probe", benchBody, true)
+			p.serve(b, "probe", benchkit.Body, true)
 		}
 	})
 }
@@ -298,7 +299,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 				b.Fatalf("reserve: %v (%v)", err, vals)
 			}
 			if handler {
-				bareRequest(key, benchBodyN(i))
+				bareRequest(key, benchkit.BodyN(i))
 			}
 			cargs[redisCompleteNow] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 			cargs[redisCompleteToken], cargs[redisCompleteMember] = token, m
@@ -344,7 +345,7 @@ func rawRedisReplay(b *testing.B, handler bool) {
 				b.Fatalf("replay: %v (%v)", err, vals)
 			}
 			if handler {
-				bareRequest("probe", benchBody)
+				bareRequest("probe", benchkit.Body)
 			}
 		}
 	})

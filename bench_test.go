@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -16,34 +15,11 @@ import (
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/benchkit"
 )
 
-// benchBody is a ~200-byte JSON payment request.
-const benchBody = `{"customer_id":"cus_8f14e45fceea167a5a36dedd4bea2543","amount_cents":129900,"currency":"EUR",` +
-	`"description":"Order 2026-11-25 #48213","metadata":{"order_id":"48213","channel":"web"},"capture":true}`
-
-var benchHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	io.Copy(io.Discard, r.Body)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	io.WriteString(w, `{"id":"pay_1","status":"pending","amount_cents":129900,"currency":"EUR"}`)
-})
-
-func benchRequest(key string) *http.Request {
-	return benchRequestBody(key, benchBody)
-}
-
-func benchRequestBody(key, body string) *http.Request {
-	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		r.Header.Set("Idempotency-Key", key)
-	}
-	return r
-}
-
 // The first-request benchmarks send benchKeys distinct keys, each with its
-// own body (benchBody with another order number), as clients do; every
+// own body (benchkit.Body with another order number), as clients do; every
 // request pays the whole fingerprint (the fingerprint cache remembers
 // retries only). On the memory store the keys are reused in turns, and the
 // store's clock jumps past the TTL at every turn, so the store stays at
@@ -64,7 +40,7 @@ func benchFirstRequests(n int) (keys, bodies []string) {
 	bodies = make([]string, min(max(n, 1), benchKeys))
 	for i := range bodies {
 		order := fmt.Sprintf("%05d", i)
-		bodies[i] = strings.ReplaceAll(benchBody, "48213", order)
+		bodies[i] = strings.ReplaceAll(benchkit.Body, "48213", order)
 	}
 	return keys, bodies
 }
@@ -72,7 +48,7 @@ func benchFirstRequests(n int) (keys, bodies []string) {
 func BenchmarkBare(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		benchHandler.ServeHTTP(httptest.NewRecorder(), benchRequest("k"))
+		benchkit.Handler.ServeHTTP(httptest.NewRecorder(), benchkit.Request("k"))
 	}
 }
 
@@ -94,7 +70,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			if name == "memory" {
 				store = idemmem.New(&idemmem.Config{Now: func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) }})
 			}
-			h := idem.New(store, nil)(benchHandler)
+			h := idem.New(store, nil)(benchkit.Handler)
 			n := b.N
 			if name == "memory" {
 				n = min(n, benchKeys)
@@ -111,19 +87,19 @@ func BenchmarkMiddleware(b *testing.B) {
 					}
 				}
 				w := httptest.NewRecorder()
-				h.ServeHTTP(w, benchRequestBody(keys[k], bodies[i%len(bodies)]))
+				h.ServeHTTP(w, benchkit.RequestBody(keys[k], bodies[i%len(bodies)]))
 				if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
 					b.Fatal(w.Code, w.Body)
 				}
 			}
 		})
 		b.Run(name+"/replay", func(b *testing.B) {
-			h := idem.New(stores[name](b), nil)(benchHandler)
-			h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
+			h := idem.New(stores[name](b), nil)(benchkit.Handler)
+			h.ServeHTTP(httptest.NewRecorder(), benchkit.Request("replayed"))
 			b.ReportAllocs()
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				h.ServeHTTP(w, benchRequest("replayed"))
+				h.ServeHTTP(w, benchkit.Request("replayed"))
 				if w.Code != http.StatusCreated {
 					b.Fatal(w.Code)
 				}
@@ -131,9 +107,9 @@ func BenchmarkMiddleware(b *testing.B) {
 		})
 		b.Run(name+"/conflict", func(b *testing.B) {
 			store := stores[name](b)
-			h := idem.New(store, nil)(benchHandler)
+			h := idem.New(store, nil)(benchkit.Handler)
 			// Hold the key the way a running attempt would.
-			fp := idem.Fingerprint("POST", "POST /v1/payments", "", "application/json", []byte(benchBody), idem.FingerprintConfig{})
+			fp := idem.Fingerprint("POST", "POST /v1/payments", "", "application/json", []byte(benchkit.Body), idem.FingerprintConfig{})
 			_, err := store.KeyReserve(context.Background(), &idemstore.ReserveParams{
 				Identity:    idemstore.Identity{Endpoint: "POST /v1/payments", Key: "held"},
 				Fingerprint: fp, Token: "t", Lease: time.Hour, TTL: 2 * time.Hour, LeaseExpiredState: idemstore.StateUnknown,
@@ -144,7 +120,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				w := httptest.NewRecorder()
-				h.ServeHTTP(w, benchRequest("held"))
+				h.ServeHTTP(w, benchkit.Request("held"))
 				if w.Code != http.StatusConflict {
 					b.Fatal(w.Code, w.Body)
 				}
