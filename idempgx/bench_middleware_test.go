@@ -1,0 +1,292 @@
+package idempgx_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/internal/benchkit"
+	"github.com/idem-dev/idem/internal/testenv"
+)
+
+// The PostgreSQL benchmarks compare requests through the middleware on
+// idempgx with a bare pgx loop that issues the same statements with the same
+// arguments (the Raw benchmarks): the ratio of their throughputs is what the
+// middleware and the store add to the database's own cost.
+//
+// The raw loop does not copy the SQL: a tracer on the pool records what the
+// middleware sends for one request, and the loop sends exactly that text
+// (so both share pgx's statement cache the same way), with the key, token
+// and times replaced. Recording also checks the round trips SPEC section 7
+// allows: a new key is two statements (reserve, complete), a replay one.
+//
+// Both sides run GOMAXPROCS×pgBenchParallelism goroutines on a pool of
+// pgBenchConns connections, each in a fresh schema. Each Raw benchmark has
+// two variants (see benchkit.RawVariants): the statements alone, and with the
+// benchmark's HTTP scaffolding and the bare handler added.
+//
+//	go test -run '^$' -bench 'PG(NewKey|Replay)$' -count 6 .
+
+const (
+	pgBenchParallelism = 4
+	pgBenchConns       = 10
+)
+
+// sqlRecorder is a pgx.QueryTracer that records the statements sent while
+// it is on.
+type sqlRecorder struct {
+	on    atomic.Bool
+	mu    sync.Mutex
+	stmts []recordedStmt
+}
+
+// recordedStmt is one statement sent on the pool.
+type recordedStmt struct {
+	sql  string
+	args []any
+}
+
+func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if r.on.Load() {
+		r.mu.Lock()
+		r.stmts = append(r.stmts, recordedStmt{sql: data.SQL, args: append([]any(nil), data.Args...)})
+		r.mu.Unlock()
+	}
+	return ctx
+}
+
+func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// record returns the statements that f sends.
+func (r *sqlRecorder) record(f func()) []recordedStmt {
+	r.mu.Lock()
+	r.stmts = nil
+	r.mu.Unlock()
+	r.on.Store(true)
+	f()
+	r.on.Store(false)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stmts
+}
+
+// discardLogger is the benchmarks' logger: a log line is not what they
+// measure.
+// pgBench is a migrated idempgx store in a schema of its own, on a pool
+// whose statements can be recorded, and the middleware on it.
+type pgBench struct {
+	pool *pgxpool.Pool
+	rec  *sqlRecorder
+	mw   http.Handler
+}
+
+func newPGBench(b *testing.B) *pgBench {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = pgBenchConns
+	rec := &sqlRecorder{}
+	cfg.ConnConfig.Tracer = rec
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var r [6]byte
+	rand.Read(r[:])
+	schema := "idem_bench_" + hex.EncodeToString(r[:])
+	store := idempgx.New(pool, &idempgx.Config{Schema: schema})
+	b.Cleanup(func() {
+		store.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			b.Errorf("dropping schema %s: %v", schema, err)
+		}
+		pool.Close()
+	})
+	if _, err := store.Migrate(ctx); err != nil {
+		b.Fatalf("Migrate: %v", err)
+	}
+	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
+}
+
+// serve sends one request with key through the middleware and checks the
+// answer: 201, replayed or not.
+func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
+	w := httptest.NewRecorder()
+	p.mw.ServeHTTP(w, benchkit.RequestBody(key, body))
+	want := ""
+	if replayed {
+		want = "true"
+	}
+	if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != want {
+		b.Fatalf("key %s: %d, %s=%q, want 201 and %q\n%s", key, w.Code, idem.HeaderReplayed, w.Header().Get(idem.HeaderReplayed), want, w.Body)
+	}
+}
+
+// learn records the statements of one request with a new key and of one
+// replay of it, and checks their number.
+func (p *pgBench) learn(b *testing.B) (reserve, complete recordedStmt) {
+	b.Helper()
+	stmts := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
+	if len(stmts) != 2 {
+		b.Fatalf("a new key sent %d statements, want 2 (reserve, complete)", len(stmts))
+	}
+	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	if len(replay) != 1 || replay[0].sql != stmts[0].sql {
+		b.Fatalf("a replay sent %d statements, want 1 (reserve)", len(replay))
+	}
+	return stmts[0], stmts[1]
+}
+
+// BenchmarkMiddlewarePGNewKey sends requests with new keys through the
+// middleware on PostgreSQL: reserve, handler, complete.
+func BenchmarkMiddlewarePGNewKey(b *testing.B) {
+	p := newPGBench(b)
+	p.learn(b)
+	var n atomic.Int64
+	b.SetParallelism(pgBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
+		}
+	})
+}
+
+// BenchmarkMiddlewarePGReplay replays one completed key through the
+// middleware on PostgreSQL: one reserve statement that reads the record.
+func BenchmarkMiddlewarePGReplay(b *testing.B) {
+	p := newPGBench(b)
+	p.learn(b)
+	b.SetParallelism(pgBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p.serve(b, "probe", benchkit.Body, true)
+		}
+	})
+}
+
+// The positions of the arguments the raw loop changes, as queries.sql
+// numbers them (from $1).
+const (
+	reserveArgKey, reserveArgToken, reserveArgNow, reserveArgLockedUntil, reserveArgExpiresAt = 2, 4, 5, 6, 7
+	completeArgKey, completeArgToken, completeArgNow                                          = 2, 3, 4
+)
+
+// pgRow receives a row of the reserve statement: reserved, then the
+// record's columns.
+type pgRow struct {
+	reserved                                        bool
+	scope, endpoint, key, fp, state, token, les, rp string
+	lockedUntil, startedAt, created, updated, exp   time.Time
+	status                                          *int32
+	header, body                                    []byte
+	notReplayable                                   bool
+	attempts                                        int
+}
+
+func (r *pgRow) dest() []any {
+	return []any{&r.reserved, &r.scope, &r.endpoint, &r.key, &r.fp, &r.state, &r.token,
+		&r.lockedUntil, &r.startedAt, &r.les, &r.status, &r.header, &r.body, &r.notReplayable,
+		&r.rp, &r.attempts, &r.created, &r.updated, &r.exp}
+}
+
+// rawReserve sends the recorded reserve statement for key with token at
+// the current time, the lease and retention of the recorded one.
+func rawReserve(ctx context.Context, pool *pgxpool.Pool, st recordedStmt, key, token string) (*pgRow, error) {
+	args := append([]any(nil), st.args...)
+	was := st.args[reserveArgNow].(time.Time)
+	now := time.Now().Truncate(time.Microsecond)
+	args[reserveArgKey], args[reserveArgToken], args[reserveArgNow] = key, token, now
+	args[reserveArgLockedUntil] = now.Add(st.args[reserveArgLockedUntil].(time.Time).Sub(was))
+	args[reserveArgExpiresAt] = now.Add(st.args[reserveArgExpiresAt].(time.Time).Sub(was))
+	var row pgRow
+	err := pool.QueryRow(ctx, st.sql, args...).Scan(row.dest()...)
+	return &row, err
+}
+
+// BenchmarkRawPGNewKey is BenchmarkMiddlewarePGNewKey's two statements in
+// a bare pgx loop.
+func BenchmarkRawPGNewKey(b *testing.B) {
+	for _, v := range benchkit.RawVariants {
+		b.Run(v.Name, func(b *testing.B) { rawPGNewKey(b, v.Handler) })
+	}
+}
+
+func rawPGNewKey(b *testing.B, handler bool) {
+	p := newPGBench(b)
+	reserve, complete := p.learn(b)
+	ctx := context.Background()
+	var n atomic.Int64
+	b.SetParallelism(pgBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			key := "key-" + strconv.FormatInt(i, 10)
+			row, err := rawReserve(ctx, p.pool, reserve, key, key)
+			if err != nil || !row.reserved {
+				b.Fatalf("reserve: %v (reserved %v)", err, row.reserved)
+			}
+			if handler {
+				benchkit.BareRequest(key, benchkit.BodyN(i))
+			}
+			args := append([]any(nil), complete.args...)
+			args[completeArgKey], args[completeArgToken] = key, key
+			args[completeArgNow] = time.Now().Truncate(time.Microsecond)
+			var changed, notified int64
+			if err := p.pool.QueryRow(ctx, complete.sql, args...).Scan(&changed, &notified); err != nil || changed != 1 {
+				b.Fatalf("complete: %v (changed %d)", err, changed)
+			}
+		}
+	})
+}
+
+// BenchmarkRawPGReplay is BenchmarkMiddlewarePGReplay's statement in a bare
+// pgx loop.
+func BenchmarkRawPGReplay(b *testing.B) {
+	for _, v := range benchkit.RawVariants {
+		b.Run(v.Name, func(b *testing.B) { rawPGReplay(b, v.Handler) })
+	}
+}
+
+func rawPGReplay(b *testing.B, handler bool) {
+	p := newPGBench(b)
+	reserve, _ := p.learn(b)
+	ctx := context.Background()
+	b.SetParallelism(pgBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			row, err := rawReserve(ctx, p.pool, reserve, "probe", "retry")
+			if err != nil || row.reserved || row.state != "completed" {
+				b.Fatalf("replay: %v (reserved %v, state %s)", err, row.reserved, row.state)
+			}
+			if handler {
+				benchkit.BareRequest("probe", benchkit.Body)
+			}
+		}
+	})
+}

@@ -1,0 +1,352 @@
+package idemredis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemredis"
+	"github.com/idem-dev/idem/internal/benchkit"
+	"github.com/idem-dev/idem/internal/testenv"
+)
+
+// The Redis benchmarks compare requests through the middleware on idemredis
+// with a bare go-redis loop that runs the same Lua scripts (EVALSHA of the
+// same digests) with the same arguments (the Raw benchmarks).
+//
+// As on PostgreSQL, the raw loop copies nothing from the store: a hook on
+// the client records the commands the middleware sends for one request, and
+// the loop sends those, with the time, key, token and the record's key names
+// changed. A new key is two scripts (reserve, complete), a replay one.
+//
+// Both sides run GOMAXPROCS×redisBenchParallelism goroutines on one client.
+// The Raw benchmarks have the two variants of the PostgreSQL ones
+// (benchkit.RawVariants).
+//
+//	go test -run '^$' -bench 'Redis(NewKey|Replay)$' -count 6 .
+
+const redisBenchParallelism = 4
+
+// cmdRecorder is a redis.Hook that records the commands sent while it is
+// on.
+type cmdRecorder struct {
+	on   atomic.Bool
+	mu   sync.Mutex
+	cmds [][]any
+}
+
+func (r *cmdRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *cmdRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if r.on.Load() {
+			r.mu.Lock()
+			r.cmds = append(r.cmds, append([]any(nil), cmd.Args()...))
+			r.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *cmdRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// record returns the commands that f sends.
+func (r *cmdRecorder) record(f func()) [][]any {
+	r.mu.Lock()
+	r.cmds = nil
+	r.mu.Unlock()
+	r.on.Store(true)
+	f()
+	r.on.Store(false)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cmds
+}
+
+// redisBench is an idemredis store under a prefix of its own, on a client
+// whose commands can be recorded, and the middleware on it.
+type redisBench struct {
+	client *redis.Client
+	rec    *cmdRecorder
+	mw     http.Handler
+}
+
+func newRedisBench(b *testing.B) *redisBench {
+	b.Helper()
+	opts, err := redis.ParseURL(testenv.RedisURL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	client := redis.NewClient(opts)
+	rec := &cmdRecorder{}
+	client.AddHook(rec)
+	var r [6]byte
+	rand.Read(r[:])
+	prefix := "idembench:" + hex.EncodeToString(r[:]) + ":"
+	b.Cleanup(func() {
+		defer client.Close()
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+			if len(keys) == 1000 {
+				client.Unlink(ctx, keys...)
+				keys = keys[:0]
+			}
+		}
+		if len(keys) > 0 {
+			client.Unlink(ctx, keys...)
+		}
+		if err := iter.Err(); err != nil {
+			b.Errorf("deleting the benchmark's keys: %v", err)
+		}
+	})
+	store := idemredis.New(client, &idemredis.Config{Prefix: prefix})
+	return &redisBench{client: client, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
+}
+
+// serve sends one request with key through the middleware and checks the
+// answer: 201, replayed or not.
+func (p *redisBench) serve(b *testing.B, key, body string, replayed bool) {
+	w := httptest.NewRecorder()
+	p.mw.ServeHTTP(w, benchkit.RequestBody(key, body))
+	want := ""
+	if replayed {
+		want = "true"
+	}
+	if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != want {
+		b.Fatalf("key %s: %d, %s=%q, want 201 and %q\n%s", key, w.Code, idem.HeaderReplayed, w.Header().Get(idem.HeaderReplayed), want, w.Body)
+	}
+}
+
+// scriptCall is a recorded EVALSHA: the script's digest, its keys and its
+// arguments.
+type scriptCall struct {
+	sha  string
+	keys []string
+	args []any
+}
+
+func parseScriptCall(b *testing.B, cmd []any) scriptCall {
+	b.Helper()
+	if len(cmd) < 3 || fmt.Sprint(cmd[0]) != "evalsha" {
+		b.Fatalf("recorded %v, want an evalsha", cmd)
+	}
+	n, err := strconv.Atoi(fmt.Sprint(cmd[2]))
+	if err != nil || len(cmd) < 3+n {
+		b.Fatalf("recorded %v: bad number of keys", cmd)
+	}
+	c := scriptCall{sha: fmt.Sprint(cmd[1]), args: cmd[3+n:]}
+	for _, k := range cmd[3 : 3+n] {
+		c.keys = append(c.keys, fmt.Sprint(k))
+	}
+	return c
+}
+
+// learn sends a first request and its replay (which load the scripts),
+// then records the commands of one request with a new key and of one
+// replay of it, and checks their number.
+func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
+	b.Helper()
+	p.serve(b, "warm-up", benchkit.Body, false)
+	p.serve(b, "warm-up", benchkit.Body, true)
+	cmds := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
+	if len(cmds) != 2 {
+		b.Fatalf("a new key sent %d commands, want 2 (reserve, complete): %v", len(cmds), cmds)
+	}
+	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	if len(replay) != 1 {
+		b.Fatalf("a replay sent %d commands, want 1 (reserve): %v", len(replay), replay)
+	}
+	reserve, complete = parseScriptCall(b, cmds[0]), parseScriptCall(b, cmds[1])
+	if r := parseScriptCall(b, replay[0]); r.sha != reserve.sha {
+		b.Fatalf("the replay ran script %s, the reservation %s", r.sha, reserve.sha)
+	}
+	return reserve, complete
+}
+
+// BenchmarkMiddlewareRedisNewKey sends requests with new keys through the
+// middleware on Redis: reserve script, handler, complete script.
+func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
+	p := newRedisBench(b)
+	p.learn(b)
+	var n atomic.Int64
+	b.SetParallelism(redisBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
+		}
+	})
+}
+
+// BenchmarkMiddlewareRedisReplay replays one completed key through the
+// middleware on Redis: one reserve script that reads the record.
+func BenchmarkMiddlewareRedisReplay(b *testing.B) {
+	p := newRedisBench(b)
+	p.learn(b)
+	b.SetParallelism(redisBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p.serve(b, "probe", benchkit.Body, true)
+		}
+	})
+}
+
+// The positions of the arguments the raw loop changes, as reserve.lua and
+// complete.lua number them (ARGV[1] is 0 here).
+const (
+	redisReserveNow, redisReserveKey, redisReserveToken, redisReserveLockedUntil      = 0, 3, 5, 6
+	redisReserveExpiresAt, redisReserveMember, redisReserveChannel, redisReservePrune = 8, 10, 11, 12
+	redisCompleteNow, redisCompleteToken, redisCompleteMember, redisCompleteChannel   = 0, 1, 6, 7
+)
+
+// micros reads a recorded time argument (decimal Unix microseconds).
+func micros(b *testing.B, v any) int64 {
+	n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+	if err != nil {
+		b.Fatalf("recorded time %v: %v", v, err)
+	}
+	return n
+}
+
+// reserveTimes are the offsets from now of the reserve script's other
+// times (lease end, retention end, prune horizon), as recorded.
+type reserveTimes struct{ lockedUntil, expiresAt, prune int64 }
+
+func reserveTimesOf(b *testing.B, c scriptCall) reserveTimes {
+	now := micros(b, c.args[redisReserveNow])
+	return reserveTimes{
+		lockedUntil: micros(b, c.args[redisReserveLockedUntil]) - now,
+		expiresAt:   micros(b, c.args[redisReserveExpiresAt]) - now,
+		prune:       micros(b, c.args[redisReservePrune]) - now,
+	}
+}
+
+// set writes the times of a reserve call at now into args.
+func (t reserveTimes) set(args []any, now int64) {
+	args[redisReserveNow] = strconv.FormatInt(now, 10)
+	args[redisReserveLockedUntil] = strconv.FormatInt(now+t.lockedUntil, 10)
+	args[redisReserveExpiresAt] = strconv.FormatInt(now+t.expiresAt, 10)
+	args[redisReservePrune] = strconv.FormatInt(now+t.prune, 10)
+}
+
+// BenchmarkRawRedisNewKey is BenchmarkMiddlewareRedisNewKey's two scripts
+// in a bare go-redis loop. Each key gets a member of its own in one of the
+// store's 1024 buckets, the names made from the recorded ones.
+func BenchmarkRawRedisNewKey(b *testing.B) {
+	for _, v := range benchkit.RawVariants {
+		b.Run(v.Name, func(b *testing.B) { rawRedisNewKey(b, v.Handler) })
+	}
+}
+
+func rawRedisNewKey(b *testing.B, handler bool) {
+	p := newRedisBench(b)
+	reserve, complete := p.learn(b)
+	times := reserveTimesOf(b, reserve)
+	member := fmt.Sprint(reserve.args[redisReserveMember])
+	tag := reserve.keys[0][strings.IndexByte(reserve.keys[0], '{') : strings.IndexByte(reserve.keys[0], '}')+1]
+	rename := func(name, newTag, newMember string) string {
+		return strings.Replace(strings.Replace(name, tag, newTag, 1), member, newMember, 1)
+	}
+	ctx := context.Background()
+	var n atomic.Int64
+	b.SetParallelism(redisBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rkeys := make([]string, len(reserve.keys))
+		ckeys := make([]string, len(complete.keys))
+		rargs := append([]any(nil), reserve.args...)
+		cargs := append([]any(nil), complete.args...)
+		for pb.Next() {
+			i := n.Add(1)
+			key := "key-" + strconv.FormatInt(i, 10)
+			m := rawMember(i)
+			t := fmt.Sprintf("{%03x}", i%1024)
+			for j, k := range reserve.keys {
+				rkeys[j] = rename(k, t, m)
+			}
+			for j, k := range complete.keys {
+				ckeys[j] = rename(k, t, m)
+			}
+			times.set(rargs, time.Now().UnixMicro())
+			token := m[:32]
+			rargs[redisReserveKey], rargs[redisReserveToken], rargs[redisReserveMember] = key, token, m
+			rargs[redisReserveChannel] = rename(fmt.Sprint(reserve.args[redisReserveChannel]), t, m)
+			vals, err := p.client.EvalSha(ctx, reserve.sha, rkeys, rargs...).Slice()
+			if err != nil || len(vals) == 0 || vals[0] != int64(1) {
+				b.Fatalf("reserve: %v (%v)", err, vals)
+			}
+			if handler {
+				benchkit.BareRequest(key, benchkit.BodyN(i))
+			}
+			cargs[redisCompleteNow] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+			cargs[redisCompleteToken], cargs[redisCompleteMember] = token, m
+			cargs[redisCompleteChannel] = rename(fmt.Sprint(complete.args[redisCompleteChannel]), t, m)
+			if err := p.client.EvalSha(ctx, complete.sha, ckeys, cargs...).Err(); err != nil {
+				b.Fatalf("complete: %v", err)
+			}
+		}
+	})
+}
+
+// rawMember names the raw loop's record number i as the store names a
+// record: 64 hex digits (the store's are a SHA-256 of the record's identity).
+// The first 32 are the request's fencing token, as long as the middleware's.
+func rawMember(i int64) string {
+	sum := sha256.Sum256(strconv.AppendInt(nil, i, 10))
+	return hex.EncodeToString(sum[:])
+}
+
+// BenchmarkRawRedisReplay is BenchmarkMiddlewareRedisReplay's script in a
+// bare go-redis loop.
+func BenchmarkRawRedisReplay(b *testing.B) {
+	for _, v := range benchkit.RawVariants {
+		b.Run(v.Name, func(b *testing.B) { rawRedisReplay(b, v.Handler) })
+	}
+}
+
+func rawRedisReplay(b *testing.B, handler bool) {
+	p := newRedisBench(b)
+	reserve, _ := p.learn(b)
+	times := reserveTimesOf(b, reserve)
+	ctx := context.Background()
+	b.SetParallelism(redisBenchParallelism)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		args := append([]any(nil), reserve.args...)
+		args[redisReserveToken] = "retry"
+		for pb.Next() {
+			times.set(args, time.Now().UnixMicro())
+			vals, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Slice()
+			if err != nil || len(vals) == 0 || vals[0] != int64(0) {
+				b.Fatalf("replay: %v (%v)", err, vals)
+			}
+			if handler {
+				benchkit.BareRequest("probe", benchkit.Body)
+			}
+		}
+	})
+}
