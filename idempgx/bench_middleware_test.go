@@ -203,12 +203,17 @@ type pgRow struct {
 	header, body                                    []byte
 	notReplayable                                   bool
 	attempts                                        int
+	ttl                                             *time.Duration
+	reconcileAfter                                  *time.Time
+	reconcileAttempts                               int
+	reconcileError                                  string
 }
 
 func (r *pgRow) dest() []any {
 	return []any{&r.reserved, &r.scope, &r.endpoint, &r.key, &r.fp, &r.state, &r.token,
 		&r.lockedUntil, &r.startedAt, &r.les, &r.status, &r.header, &r.body, &r.notReplayable,
-		&r.rp, &r.attempts, &r.created, &r.updated, &r.exp}
+		&r.rp, &r.attempts, &r.created, &r.updated, &r.exp, &r.ttl,
+		&r.reconcileAfter, &r.reconcileAttempts, &r.reconcileError}
 }
 
 // rawReserve sends the recorded reserve statement for key with token at

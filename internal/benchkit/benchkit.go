@@ -49,3 +49,20 @@ func BodyN(i int64) string {
 
 // DiscardLogger logs nothing.
 func DiscardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// RawVariants are the two forms of the Raw benchmarks: the statements
+// alone (the comparison SPEC's ratio is about), and the statements plus the
+// work every request does with or without idem in these benchmarks:
+// building the httptest request and recorder and running the bare handler.
+// The second shows how much of the gap is the benchmark's own HTTP
+// scaffolding rather than the middleware.
+var RawVariants = []struct {
+	Name    string
+	Handler bool
+}{{"statements", false}, {"with_handler", true}}
+
+// BareRequest runs the bare handler on a new request with key and body, as
+// the middleware benchmarks do around the middleware.
+func BareRequest(key, body string) {
+	Handler.ServeHTTP(httptest.NewRecorder(), RequestBody(key, body))
+}
