@@ -140,9 +140,10 @@ type Config struct {
 	// is 429 too-many-keys and nothing is stored. Defaults to 0 (no limit).
 	NewKeysPerSecondPerScope float64
 	// Transactional runs the route in transactional mode (SPEC section 5).
-	// The store must implement idemstore.TxStore (idemsqlite, idempgx); New
-	// panics otherwise. The handler gets the business transaction from the
-	// request context (idemsqlite.TxFromContext, idempgx.TxFromContext); the
+	// The store must implement idemstore.TxStore (idemsqlite, idempgx,
+	// idemmem); New panics otherwise. The handler gets the business
+	// transaction from the request context (idemsqlite.TxFromContext,
+	// idempgx.TxFromContext, idemmem.TxFromContext); the
 	// key's completion is written in that transaction, which the middleware
 	// commits before it sends the response. A 5xx, 408, 425 or 429 answer, a
 	// panic or a lost lease rolls it back and releases the key; an expired

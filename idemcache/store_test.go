@@ -88,6 +88,24 @@ func TestInterfaces(t *testing.T) {
 	}
 }
 
+// cacheOf returns the *Store inside what New returned, whichever of the
+// wrapped store's interfaces it carries.
+func cacheOf(t *testing.T, s idemstore.Store) *Store {
+	t.Helper()
+	switch s := s.(type) {
+	case *Store:
+		return s
+	case *waiterStore:
+		return s.Store
+	case *txStore:
+		return s.Store
+	case *txWaiterStore:
+		return s.Store
+	}
+	t.Fatalf("New returned a %T", s)
+	return nil
+}
+
 // fixture is a counting idemmem store behind a cache, on a test clock.
 type fixture struct {
 	clock *idemtest.Clock
@@ -338,7 +356,7 @@ func TestInvalidate(t *testing.T) {
 	f := newFixture(t, NewLRU(100, 0), nil)
 	f.completed(t, time.Hour)
 	f.replay(t, fp1)
-	if err := f.store.(*waiterStore).Invalidate(f.ctx, testID); err != nil {
+	if err := cacheOf(t, f.store).Invalidate(f.ctx, testID); err != nil {
 		t.Fatal(err)
 	}
 	if _, calls := f.replay(t, fp1); calls != 1 {
@@ -505,7 +523,7 @@ func TestBackoff(t *testing.T) {
 	})
 	t.Run("CallerCanceled", func(t *testing.T) {
 		t.Parallel()
-		s := New(idemmem.New(nil), &failingCache{}, &Config{Backoff: time.Hour}).(*waiterStore)
+		s := cacheOf(t, New(idemmem.New(nil), &failingCache{}, &Config{Backoff: time.Hour}))
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		s.failed(ctx, "get", context.Canceled)

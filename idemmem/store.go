@@ -5,7 +5,10 @@
 // deep-copied on the way in and in the records KeyGet, KeyList and KeySweep
 // return, so callers never alias stored headers or bodies; KeyReserve shares
 // the stored response, which its callers only read (see
-// idemstore.ReserveResult). It implements idemstore.Waiter.
+// idemstore.ReserveResult). It implements idemstore.Waiter, and
+// idemstore.TxStore with copy-on-write transactions whose business writes
+// are string values (Tx.Put), so tests run the middleware's transactional
+// mode and phases without a database.
 package idemmem
 
 import (
@@ -42,6 +45,8 @@ type Store struct {
 	records map[idemstore.Identity]*idemstore.Record
 	// waiters holds, per identity, a channel closed at the next change.
 	waiters map[idemstore.Identity]*waiter
+	// values are the committed business writes of transactions (Tx.Put).
+	values map[string]string
 }
 
 // waiter is the wake-up channel of one identity.
@@ -68,6 +73,7 @@ func New(cfg *Config) *Store {
 		now:     c.Now,
 		records: make(map[idemstore.Identity]*idemstore.Record),
 		waiters: make(map[idemstore.Identity]*waiter),
+		values:  make(map[string]string),
 	}
 }
 
@@ -217,6 +223,13 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return err
 	}
+	complete(r, p, now)
+	s.changed(p.Identity)
+	return nil
+}
+
+// complete stores p's response in r, which the attempt owns, at now.
+func complete(r *idemstore.Record, p *idemstore.CompleteParams, now time.Time) {
 	settle(r, now)
 	r.State = idemstore.StateCompleted
 	r.UpdatedAt = now
@@ -225,8 +238,6 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if !r.NotReplayable {
 		r.Response = copyResponse(p.Response)
 	}
-	s.changed(p.Identity)
-	return nil
 }
 
 // KeyRelease implements idemstore.Store.

@@ -13,10 +13,11 @@ type CheckpointParams struct {
 	RecoveryPoint string
 }
 
-// TxStore is implemented by SQL stores that can write a record's completion
+// TxStore is implemented by stores that can write a record's completion
 // inside the caller's business transaction (transactional mode, SPEC
 // section 5): business writes, outbox rows and the key's completion commit
-// together or not at all.
+// together or not at all. The SQL stores implement it, and idemmem does with
+// copy-on-write transactions for tests.
 type TxStore interface {
 	Store
 	// KeyBeginTx starts a business transaction.
@@ -37,7 +38,7 @@ type Tx interface {
 	// Rollback rolls the transaction back; after Commit it does nothing.
 	Rollback(ctx context.Context) error
 	// Driver returns the driver's transaction: *sql.Tx for idemsqlite,
-	// pgx.Tx for idempgx.
+	// pgx.Tx for idempgx, *idemmem.Tx for idemmem.
 	Driver() any
 }
 
