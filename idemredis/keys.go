@@ -42,9 +42,22 @@ type recordKeys struct {
 	// scored by when they turned unknown; reconcile is the reconcile index:
 	// the same records scored by reconcile_after.
 	unknown, reconcile string
-	// args are the same names boxed once as script arguments, in the
-	// order above; keysOf sets them, bucketKeys does not.
-	args *[7]any
+	// boxed are the same names boxed once as script arguments; keysOf
+	// sets them, bucketKeys does not.
+	boxed *boxedKeys
+}
+
+// boxedKeys are a record's names boxed once as script arguments (see
+// args.go).
+type boxedKeys struct {
+	record, index, expiry, unknown, reconcile any // the keys
+	member, channel                           any // arguments
+}
+
+// all returns the five keys of a script that takes them all, in
+// record_keys order (lua/lib.lua).
+func (k recordKeys) all() []string {
+	return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}
 }
 
 // keysOf returns the keys of the record named id.
@@ -78,7 +91,8 @@ func (s *Store) newKeys(id idemstore.Identity) recordKeys {
 	var member [2 * sha256.Size]byte
 	hex.Encode(member[:], sum[:])
 	k := s.keysFor(bucket, member[:])
-	k.args = &[7]any{k.record, k.index, k.expiry, k.member, k.channel, k.unknown, k.reconcile}
+	k.boxed = &boxedKeys{record: k.record, index: k.index, expiry: k.expiry,
+		unknown: k.unknown, reconcile: k.reconcile, member: k.member, channel: k.channel}
 	return k
 }
 

@@ -116,14 +116,19 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		les = idemstore.StateUnknown
 	}
 	now := s.now()
-	k := s.keysOf(p.Identity)
-	ttl := max(p.TTL, 0) + ttlSlack
-	a := k.args
-	vals, err := s.run(ctx, reserveScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
-		us(now), p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
-		us(now.Add(p.Lease)), stateArg(les), us(now.Add(p.TTL)),
-		ttl.Milliseconds(), a[3], a[4], us(now.Add(-pruneAfter)), max(p.TTL, 0).Microseconds(),
-	}).Slice()
+	a := reserveArgs{
+		now:   us(now),
+		scope: p.Scope, endpoint: p.Endpoint, key: p.Key,
+		fingerprint:       p.Fingerprint,
+		token:             p.Token,
+		lockedUntil:       us(now.Add(p.Lease)),
+		leaseExpiredState: stateArg(les),
+		expiresAt:         us(now.Add(p.TTL)),
+		redisTTL:          (max(p.TTL, 0) + ttlSlack).Milliseconds(),
+		prune:             us(now.Add(-pruneAfter)),
+		ttl:               max(p.TTL, 0).Microseconds(),
+	}
+	vals, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 	}
@@ -201,12 +206,8 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return fmt.Errorf("completing key: %w", err)
 	}
-	k := s.keysOf(p.Identity)
-	a := k.args
-	err = s.run(ctx, completeScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
-		us(s.now()), p.Token, resp.notReplayable, resp.status, resp.header, resp.body,
-		a[3], a[4],
-	}).Err()
+	a := completeArgs{now: us(s.now()), token: p.Token, resp: resp}
+	err = s.run(ctx, completeScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
 	}
@@ -216,30 +217,25 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 // KeyRelease moves the record to released (from in_progress or unknown)
 // when the token matches.
 func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, releaseScript, argKeys5, "releasing key", p)
+	return s.finish(ctx, releaseScript, finishArgs.call, "releasing key", p)
 }
 
 // KeyMarkUnknown moves an in_progress record to unknown when the token
 // matches.
 func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, markUnknownScript, argKeys5, "marking key unknown", p)
+	return s.finish(ctx, markUnknownScript, finishArgs.call, "marking key unknown", p)
 }
 
 // KeyDelete removes an in_progress record when the token matches.
 func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.finish(ctx, deleteScript, argKeys3, "deleting key", p)
+	return s.finish(ctx, deleteScript, finishArgs.deleteCall, "deleting key", p)
 }
 
-// finish runs a fenced script with the record's first nkeys keys (3: record
-// and its lease and expiry indexes; 5: and its unknown and reconcile
-// indexes).
-func (s *Store) finish(ctx context.Context, sc *script, nkeys any, what string, p *idemstore.FinishParams) error {
-	a := s.keysOf(p.Identity).args
-	call := []any{nil, nil, nil, a[0], a[1], a[2]}
-	if nkeys == argKeys5 {
-		call = append(call, a[5], a[6])
-	}
-	err := s.run(ctx, sc, nkeys, append(call, us(s.now()), p.Token, a[3], a[4])).Err()
+// finish runs a fenced script that takes finishArgs, with the command that
+// build makes.
+func (s *Store) finish(ctx context.Context, sc *script, build func(finishArgs, *boxedKeys) []any, what string, p *idemstore.FinishParams) error {
+	a := finishArgs{now: us(s.now()), token: p.Token}
+	err := s.run(ctx, sc, build(a, s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, interpretError(err))
 	}
@@ -250,11 +246,8 @@ func (s *Store) finish(ctx context.Context, sc *script, nkeys any, what string, 
 // the token matches.
 func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	now := s.now()
-	k := s.keysOf(p.Identity)
-	a := k.args
-	err := s.run(ctx, renewScript, argKeys2, []any{nil, nil, nil, a[0], a[1],
-		us(now), p.Token, us(now.Add(p.Lease)), a[3],
-	}).Err()
+	a := renewArgs{now: us(now), token: p.Token, lockedUntil: us(now.Add(p.Lease))}
+	err := s.run(ctx, renewScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("renewing key: %w", interpretError(err))
 	}
@@ -271,13 +264,8 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	if err != nil {
 		return fmt.Errorf("resolving key: %w", err)
 	}
-	k := s.keysOf(p.Identity)
-	a := k.args
-	err = s.run(ctx, resolveScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
-		us(s.now()), p.Token, string(p.To),
-		resp.notReplayable, resp.status, resp.header, resp.body,
-		a[3], a[4],
-	}).Err()
+	a := resolveArgs{now: us(s.now()), token: p.Token, to: string(p.To), resp: resp}
+	err = s.run(ctx, resolveScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("resolving key: %w", interpretError(err))
 	}
