@@ -54,6 +54,12 @@ type boxedKeys struct {
 	member, channel                           any // arguments
 }
 
+// box returns k's names boxed.
+func (k recordKeys) box() *boxedKeys {
+	return &boxedKeys{record: k.record, index: k.index, expiry: k.expiry,
+		unknown: k.unknown, reconcile: k.reconcile, member: k.member, channel: k.channel}
+}
+
 // all returns the five keys of a script that takes them all, in
 // record_keys order (lua/lib.lua).
 func (k recordKeys) all() []string {
@@ -91,8 +97,7 @@ func (s *Store) newKeys(id idemstore.Identity) recordKeys {
 	var member [2 * sha256.Size]byte
 	hex.Encode(member[:], sum[:])
 	k := s.keysFor(bucket, member[:])
-	k.boxed = &boxedKeys{record: k.record, index: k.index, expiry: k.expiry,
-		unknown: k.unknown, reconcile: k.reconcile, member: k.member, channel: k.channel}
+	k.boxed = k.box()
 	return k
 }
 
