@@ -213,12 +213,11 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	})
 }
 
-// The positions of the arguments the raw loop changes, as reserve.lua and
-// complete.lua number them (ARGV[1] is 0 here).
-const (
-	redisReserveNow, redisReserveKey, redisReserveToken, redisReserveLockedUntil      = 0, 3, 5, 6
-	redisReserveExpiresAt, redisReserveMember, redisReserveChannel, redisReservePrune = 8, 10, 11, 12
-	redisCompleteNow, redisCompleteToken, redisCompleteMember, redisCompleteChannel   = 0, 1, 6, 7
+// The positions of the arguments the raw loop changes (ARGV[1] is 0 here),
+// named by the store's argument builders.
+var (
+	reserveArg  = idemredis.ReserveArgv
+	completeArg = idemredis.CompleteArgv
 )
 
 // micros reads a recorded time argument (decimal Unix microseconds).
@@ -235,20 +234,20 @@ func micros(b *testing.B, v any) int64 {
 type reserveTimes struct{ lockedUntil, expiresAt, prune int64 }
 
 func reserveTimesOf(b *testing.B, c scriptCall) reserveTimes {
-	now := micros(b, c.args[redisReserveNow])
+	now := micros(b, c.args[reserveArg.Now])
 	return reserveTimes{
-		lockedUntil: micros(b, c.args[redisReserveLockedUntil]) - now,
-		expiresAt:   micros(b, c.args[redisReserveExpiresAt]) - now,
-		prune:       micros(b, c.args[redisReservePrune]) - now,
+		lockedUntil: micros(b, c.args[reserveArg.LockedUntil]) - now,
+		expiresAt:   micros(b, c.args[reserveArg.ExpiresAt]) - now,
+		prune:       micros(b, c.args[reserveArg.Prune]) - now,
 	}
 }
 
 // set writes the times of a reserve call at now into args.
 func (t reserveTimes) set(args []any, now int64) {
-	args[redisReserveNow] = strconv.FormatInt(now, 10)
-	args[redisReserveLockedUntil] = strconv.FormatInt(now+t.lockedUntil, 10)
-	args[redisReserveExpiresAt] = strconv.FormatInt(now+t.expiresAt, 10)
-	args[redisReservePrune] = strconv.FormatInt(now+t.prune, 10)
+	args[reserveArg.Now] = strconv.FormatInt(now, 10)
+	args[reserveArg.LockedUntil] = strconv.FormatInt(now+t.lockedUntil, 10)
+	args[reserveArg.ExpiresAt] = strconv.FormatInt(now+t.expiresAt, 10)
+	args[reserveArg.Prune] = strconv.FormatInt(now+t.prune, 10)
 }
 
 // BenchmarkRawRedisNewKey is BenchmarkMiddlewareRedisNewKey's two scripts
@@ -264,7 +263,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 	p := newRedisBench(b)
 	reserve, complete := p.learn(b)
 	times := reserveTimesOf(b, reserve)
-	member := fmt.Sprint(reserve.args[redisReserveMember])
+	member := fmt.Sprint(reserve.args[reserveArg.Member])
 	tag := reserve.keys[0][strings.IndexByte(reserve.keys[0], '{') : strings.IndexByte(reserve.keys[0], '}')+1]
 	rename := func(name, newTag, newMember string) string {
 		return strings.Replace(strings.Replace(name, tag, newTag, 1), member, newMember, 1)
@@ -292,8 +291,8 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			}
 			times.set(rargs, time.Now().UnixMicro())
 			token := m[:32]
-			rargs[redisReserveKey], rargs[redisReserveToken], rargs[redisReserveMember] = key, token, m
-			rargs[redisReserveChannel] = rename(fmt.Sprint(reserve.args[redisReserveChannel]), t, m)
+			rargs[reserveArg.Key], rargs[reserveArg.Token], rargs[reserveArg.Member] = key, token, m
+			rargs[reserveArg.Channel] = rename(fmt.Sprint(reserve.args[reserveArg.Channel]), t, m)
 			vals, err := p.client.EvalSha(ctx, reserve.sha, rkeys, rargs...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(1) {
 				b.Fatalf("reserve: %v (%v)", err, vals)
@@ -301,9 +300,9 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			if handler {
 				benchkit.BareRequest(key, benchkit.BodyN(i))
 			}
-			cargs[redisCompleteNow] = strconv.FormatInt(time.Now().UnixMicro(), 10)
-			cargs[redisCompleteToken], cargs[redisCompleteMember] = token, m
-			cargs[redisCompleteChannel] = rename(fmt.Sprint(complete.args[redisCompleteChannel]), t, m)
+			cargs[completeArg.Now] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+			cargs[completeArg.Token], cargs[completeArg.Member] = token, m
+			cargs[completeArg.Channel] = rename(fmt.Sprint(complete.args[completeArg.Channel]), t, m)
 			if err := p.client.EvalSha(ctx, complete.sha, ckeys, cargs...).Err(); err != nil {
 				b.Fatalf("complete: %v", err)
 			}
@@ -337,7 +336,7 @@ func rawRedisReplay(b *testing.B, handler bool) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		args := append([]any(nil), reserve.args...)
-		args[redisReserveToken] = "retry"
+		args[reserveArg.Token] = "retry"
 		for pb.Next() {
 			times.set(args, time.Now().UnixMicro())
 			vals, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Slice()

@@ -1,11 +1,14 @@
 package idemredis
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -71,12 +74,34 @@ func BenchmarkReplay(b *testing.B) {
 	})
 }
 
+// rawEval sends a command made by a builder of args.go with EVALSHA and
+// nothing else: no NOSCRIPT fallback, no slot retries, no WAIT.
+func rawEval(ctx context.Context, client redis.UniversalClient, sc *script, call []any) *redis.Cmd {
+	call[0], call[1] = argEvalSha, sc.hash
+	cmd := redis.NewCmd(ctx, call...)
+	_ = client.Process(ctx, cmd)
+	return cmd
+}
+
+// loadScripts loads scripts into the Redis of client, for rawEval.
+func loadScripts(b *testing.B, client redis.UniversalClient, scripts ...*script) {
+	for _, sc := range scripts {
+		if err := sc.Load(b.Context(), client).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkRawReserveComplete runs the reserve and complete scripts with
 // go-redis alone.
 func BenchmarkRawReserveComplete(b *testing.B) {
 	client := sharedClient(b)
 	s := newTestStore(b, client, time.Now) // for its prefix and cleanup
-	header := `{"Content-Type":["application/json"],"Location":["/v1/payments/pay_123"]}`
+	loadScripts(b, client, reserveScript, completeScript)
+	resp, err := encodeResponse(benchResponse, false)
+	if err != nil {
+		b.Fatal(err)
+	}
 	var n atomic.Int64
 	b.SetParallelism(benchParallelism)
 	b.ResetTimer()
@@ -85,16 +110,18 @@ func BenchmarkRawReserveComplete(b *testing.B) {
 		for pb.Next() {
 			i := n.Add(1)
 			member := strconv.FormatInt(i, 10)
-			k := s.bucketKeys(int(i%bucketCount), member)
+			k := s.bucketKeys(int(i%bucketCount), member).box()
 			now := time.Now().UnixMicro()
-			err := reserveScript.Run(ctx, client, []string{k.record, k.index, k.expiry},
-				now, "bench", "POST /v1/payments", member, "fp", member, now+30e6, "unknown",
-				now+3600e6, 3660000, member, k.channel, now-3600e6).Err()
+			err := rawEval(ctx, client, reserveScript, reserveArgs{
+				now: now, scope: "bench", endpoint: "POST /v1/payments", key: member,
+				fingerprint: "fp", token: member, lockedUntil: now + 30e6,
+				leaseExpiredState: argUnknown, expiresAt: now + 3600e6, redisTTL: 3660000,
+				prune: now - 3600e6, ttl: 3600e6,
+			}.call(k)).Err()
 			if err != nil {
 				b.Fatal(err)
 			}
-			err = completeScript.Run(ctx, client, []string{k.record, k.index},
-				now, member, "0", 201, header, benchResponse.Body, member, k.channel).Err()
+			err = rawEval(ctx, client, completeScript, completeArgs{now: now, token: member, resp: resp}.call(k)).Err()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -115,15 +142,18 @@ func BenchmarkRawReplay(b *testing.B) {
 	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t", Response: benchResponse}); err != nil {
 		b.Fatal(err)
 	}
-	k := s.keysOf(testID)
+	k := s.keysOf(testID).boxed
 	b.SetParallelism(benchParallelism)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			now := time.Now().UnixMicro()
-			vals, err := reserveScript.Run(ctx, client, []string{k.record, k.index, k.expiry},
-				now, testID.Scope, testID.Endpoint, testID.Key, "fp", "t2", now+30e6, "unknown",
-				now+3600e6, 3660000, k.member, k.channel, now-3600e6).Slice()
+			vals, err := rawEval(ctx, client, reserveScript, reserveArgs{
+				now: now, scope: testID.Scope, endpoint: testID.Endpoint, key: testID.Key,
+				fingerprint: "fp", token: "t2", lockedUntil: now + 30e6,
+				leaseExpiredState: argUnknown, expiresAt: now + 3600e6, redisTTL: 3660000,
+				prune: now - 3600e6, ttl: 3600e6,
+			}.call(k)).Slice()
 			if err != nil || vals[0].(int64) != 0 {
 				b.Fatalf("raw replay: %v", err)
 			}

@@ -23,9 +23,7 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	now := micros(s.now())
 	var out []*idemstore.Record
 	err := s.drainIndex(ctx, ":leases", now, limit, func(cands []recordKeys) (int, error) {
-		cmds := s.evalEach(ctx, sweepScript, cands, func(k recordKeys) ([]string, []any) {
-			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{now, k.member, k.channel}
-		})
+		cmds := s.evalEach(ctx, sweepScript, cands, indexArgs{now: now}.keysArgs)
 		n := 0
 		for _, cmd := range cmds {
 			vals, err := cmd.Slice()
@@ -67,9 +65,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	total := 0
 	// Past ExpiresAt is strictly after it: an exclusive bound.
 	err := s.drainIndex(ctx, ":expiry", "("+now, limit, func(cands []recordKeys) (int, error) {
-		cmds := s.evalEach(ctx, reapScript, cands, func(k recordKeys) ([]string, []any) {
-			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{now, k.member, k.channel}
-		})
+		cmds := s.evalEach(ctx, reapScript, cands, indexArgs{now: now}.keysArgs)
 		n := 0
 		for _, cmd := range cmds {
 			deleted, err := cmd.Int()

@@ -64,13 +64,14 @@ func TestKeysMatchLegacy(t *testing.T) {
 		}
 		for _, id := range ids {
 			got, want := s.keysOf(id), legacyKeysOf(prefix, id)
-			args := got.args
-			got.args = nil
+			boxed := got.boxed
+			got.boxed = nil
 			if got != want {
 				t.Fatalf("keysOf(%q) with prefix %q = %+v, want %+v", id, prefix, got, want)
 			}
-			if args == nil || *args != [7]any{want.record, want.index, want.expiry, want.member, want.channel, want.unknown, want.reconcile} {
-				t.Fatalf("keysOf(%q) boxed %v, want its names", id, args)
+			if boxed == nil || *boxed != (boxedKeys{record: want.record, index: want.index, expiry: want.expiry,
+				unknown: want.unknown, reconcile: want.reconcile, member: want.member, channel: want.channel}) {
+				t.Fatalf("keysOf(%q) boxed %+v, want its names", id, boxed)
 			}
 		}
 		for bucket := range bucketCount {

@@ -17,15 +17,8 @@ import (
 // with p.Force) and removes it from every index.
 func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	now := s.now()
-	k := s.keysOf(p.Identity)
-	a := k.args
-	force := argFalse
-	if p.Force {
-		force = argTrue
-	}
-	vals, err := s.run(ctx, purgeScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
-		us(now), p.Token, force, a[3], a[4],
-	}).Slice()
+	a := purgeArgs{now: us(now), token: p.Token, force: p.Force}
+	vals, err := s.run(ctx, purgeScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("purging key: %w", interpretError(err))
 	}
@@ -51,12 +44,10 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 		limit = defaultListLimit
 	}
 	now := s.now()
-	nowArg, holdArg := micros(now), micros(now.Add(p.Hold))
+	a := claimArgs{now: micros(now), holdUntil: micros(now.Add(p.Hold))}
 	var out []*idemstore.Record
-	err := s.drainIndex(ctx, ":reconcile", nowArg, limit, func(cands []recordKeys) (int, error) {
-		cmds := s.evalEach(ctx, claimScript, cands, func(k recordKeys) ([]string, []any) {
-			return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}, []any{nowArg, holdArg, k.member}
-		})
+	err := s.drainIndex(ctx, ":reconcile", a.now, limit, func(cands []recordKeys) (int, error) {
+		cmds := s.evalEach(ctx, claimScript, cands, a.keysArgs)
 		n := 0
 		for _, cmd := range cmds {
 			vals, err := cmd.Slice()
@@ -90,10 +81,9 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 // KeyReconcileFail records a failed reconciliation attempt when the token
 // matches and the record is unknown.
 func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
-	a := s.keysOf(p.Identity).args
-	err := s.run(ctx, failScript, argKeys5, []any{nil, nil, nil, a[0], a[1], a[2], a[5], a[6],
-		p.Token, idemstore.TruncateReconcileError(p.Error), us(s.now().Add(p.Delay)), a[3],
-	}).Err()
+	a := reconcileFailArgs{token: p.Token, errText: idemstore.TruncateReconcileError(p.Error),
+		reconcileAfter: us(s.now().Add(p.Delay))}
+	err := s.run(ctx, failScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("recording a reconciliation failure: %w", interpretError(err))
 	}

@@ -9,10 +9,7 @@ import (
 
 var resealScript = loadScript("reseal.lua")
 
-var (
-	_        idemstore.Resealer = (*Store)(nil)
-	argKeys1 any                = 1
-)
+var _ idemstore.Resealer = (*Store)(nil)
 
 // KeyReseal implements idemstore.Resealer.
 func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error {
@@ -23,10 +20,8 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	if err != nil {
 		return fmt.Errorf("resealing key: %w", err)
 	}
-	k := s.keysOf(p.Identity)
-	err = s.run(ctx, resealScript, argKeys1, []any{nil, nil, nil, k.args[0],
-		us(s.now()), p.Token, resp.status, resp.header, resp.body,
-	}).Err()
+	a := resealArgs{now: us(s.now()), token: p.Token, resp: resp}
+	err = s.run(ctx, resealScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("resealing key: %w", interpretError(err))
 	}

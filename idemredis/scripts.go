@@ -52,14 +52,22 @@ func loadScript(name string) *script {
 // The command names and key counts, boxed once.
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
-	argKeys2, argKeys3  any = 2, 3
-	argKeys5            any = 5
+	argKeys1, argKeys2  any = 1, 2
+	argKeys3, argKeys5  any = 3, 5
 )
 
+// newCall returns a command for run with room for n more elements (the
+// number of keys, the keys and the arguments): its first two elements are
+// left for run to fill in (command and script). The builders of args.go
+// append the rest.
+func newCall(n int) []any {
+	return make([]any, 2, 2+n)
+}
+
 // run runs sc as Script.Run does (EVALSHA, then EVAL when the node does not
-// know the script) with the command built here: call is the whole command,
-// its first three elements left for run to fill (command, script, number of
-// keys), then nkeys keys, then the arguments. Building it in one slice of
+// know the script) with call, the command a builder of args.go made:
+// command and script left for run to fill, the number of keys, the keys
+// (the record's first), then the arguments. Building it in one slice of
 // arguments that the caller boxed once (a record's key names are boxed when
 // they are named, see recordKeys) spares the hot path most of the
 // allocations of cmdable.EvalSha, which copies and boxes them all again.
@@ -67,9 +75,9 @@ var (
 // A call that meets a slot migration of a Redis Cluster is sent again until
 // the context's deadline (see retrySlot). With Config.WaitReplicas, the call
 // waits for the replicas' acknowledgement (see processWaited).
-func (s *Store) run(ctx context.Context, sc *script, nkeys any, call []any) *redis.Cmd {
+func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 	send := func(name, script any) *redis.Cmd {
-		call[0], call[1], call[2] = name, script, nkeys
+		call[0], call[1] = name, script
 		cmd := redis.NewCmd(ctx, call...)
 		cmd.SetFirstKeyPos(3)
 		if s.waitReplicas > 0 {

@@ -1,0 +1,148 @@
+package idemredis
+
+// The scripts' arguments. Each script has a builder here: a struct whose
+// fields are the script's arguments by the names its ARGV comment gives
+// them, and one method that lays out the keys and arguments in the
+// script's order. Nothing else in the package knows a position.
+//
+// The scripts that Store.run sends get the whole command from their
+// builder's call method (see newCall): one slice, allocated once at its
+// final size, holding the record's names as keysOf boxed them and the
+// response as encodeResponse boxed it, so that only the call's own values
+// (times, token, ...) are boxed here, once. The scripts run on index
+// candidates (sweep, reap, reconcile claim) get their keys and arguments
+// from keysArgs, for Script.EvalSha in a pipeline.
+
+// reserveArgs are reserve.lua's arguments.
+type reserveArgs struct {
+	now                                      int64 // Unix microseconds, as every time below
+	scope, endpoint, key, fingerprint, token string
+	lockedUntil                              int64
+	leaseExpiredState                        any // stateArg
+	expiresAt                                int64
+	redisTTL                                 int64 // milliseconds, for PEXPIRE
+	prune                                    int64 // expiry index entries before it may go
+	ttl                                      int64 // the retention, in microseconds
+}
+
+func (a reserveArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+5+14), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.scope, a.endpoint, a.key, a.fingerprint, a.token,
+		a.lockedUntil, a.leaseExpiredState, a.expiresAt, a.redisTTL,
+		k.member, k.channel, a.prune, a.ttl)
+}
+
+// completeArgs are complete.lua's arguments.
+type completeArgs struct {
+	now   int64
+	token string
+	resp  encodedResponse
+}
+
+func (a completeArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+5+8), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body,
+		k.member, k.channel)
+}
+
+// finishArgs are the arguments of release.lua and mark_unknown.lua (which
+// take the five keys) and of delete.lua (which takes the first three).
+type finishArgs struct {
+	now   int64
+	token string
+}
+
+func (a finishArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+5+4), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token, k.member, k.channel)
+}
+
+func (a finishArgs) deleteCall(k *boxedKeys) []any {
+	return append(newCall(1+3+4), argKeys3, k.record, k.index, k.expiry,
+		a.now, a.token, k.member, k.channel)
+}
+
+// renewArgs are renew.lua's arguments.
+type renewArgs struct {
+	now         int64
+	token       string
+	lockedUntil int64
+}
+
+func (a renewArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+2+4), argKeys2, k.record, k.index,
+		a.now, a.token, a.lockedUntil, k.member)
+}
+
+// resolveArgs are resolve.lua's arguments.
+type resolveArgs struct {
+	now   int64
+	token string
+	to    string // the target state
+	resp  encodedResponse
+}
+
+func (a resolveArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+5+9), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token, a.to,
+		a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body,
+		k.member, k.channel)
+}
+
+// resealArgs are reseal.lua's arguments.
+type resealArgs struct {
+	now   int64
+	token string
+	resp  encodedResponse // status, header and body
+}
+
+func (a resealArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+1+5), argKeys1, k.record,
+		a.now, a.token, a.resp.status, a.resp.header, a.resp.body)
+}
+
+// purgeArgs are purge.lua's arguments.
+type purgeArgs struct {
+	now   int64
+	token string // "" for any
+	force bool
+}
+
+func (a purgeArgs) call(k *boxedKeys) []any {
+	force := argFalse
+	if a.force {
+		force = argTrue
+	}
+	return append(newCall(1+5+5), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token, force, k.member, k.channel)
+}
+
+// reconcileFailArgs are reconcile_fail.lua's arguments.
+type reconcileFailArgs struct {
+	token          string
+	errText        string // the error, truncated
+	reconcileAfter int64
+}
+
+func (a reconcileFailArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+5+4), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.token, a.errText, a.reconcileAfter, k.member)
+}
+
+// indexArgs are the arguments of sweep.lua and reap.lua.
+type indexArgs struct {
+	now string // decimal Unix microseconds
+}
+
+func (a indexArgs) keysArgs(k recordKeys) ([]string, []any) {
+	return k.all(), []any{a.now, k.member, k.channel}
+}
+
+// claimArgs are reconcile_claim.lua's arguments.
+type claimArgs struct {
+	now, holdUntil string // decimal Unix microseconds
+}
+
+func (a claimArgs) keysArgs(k recordKeys) ([]string, []any) {
+	return k.all(), []any{a.now, a.holdUntil, k.member}
+}

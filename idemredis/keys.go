@@ -1,0 +1,178 @@
+package idemredis
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash/maphash"
+	"strings"
+	"sync"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// bucketCount is the number of lease indexes (and hash tags). It is
+// part of the key layout: changing it strands existing records.
+const bucketCount = 1024
+
+// keyCache remembers the keys of recently named records: a request names
+// its record at least twice (reserve, then complete or release), a retry
+// names it again, and building the names costs a SHA-256 and an
+// allocation. A slot holds one identity; another identity that hashes to
+// the same slot replaces it.
+type keyCache struct {
+	seed  maphash.Seed
+	slots [256]keySlot
+}
+
+type keySlot struct {
+	mu   sync.Mutex
+	id   idemstore.Identity
+	keys recordKeys
+}
+
+// recordKeys are the names of one record's keys and channel.
+type recordKeys struct {
+	record  string // the hash
+	index   string // the lease index of its bucket
+	expiry  string // the expiry index of its bucket
+	member  string // its member in the lease index
+	channel string // its pub/sub channel
+	// unknown is the backlog index of its bucket: the unknown records
+	// scored by when they turned unknown; reconcile is the reconcile index:
+	// the same records scored by reconcile_after.
+	unknown, reconcile string
+	// boxed are the same names boxed once as script arguments; keysOf
+	// sets them, bucketKeys does not.
+	boxed *boxedKeys
+}
+
+// boxedKeys are a record's names boxed once as script arguments (see
+// args.go).
+type boxedKeys struct {
+	record, index, expiry, unknown, reconcile any // the keys
+	member, channel                           any // arguments
+}
+
+// box returns k's names boxed.
+func (k recordKeys) box() *boxedKeys {
+	return &boxedKeys{record: k.record, index: k.index, expiry: k.expiry,
+		unknown: k.unknown, reconcile: k.reconcile, member: k.member, channel: k.channel}
+}
+
+// all returns the five keys of a script that takes them all, in
+// record_keys order (lua/lib.lua).
+func (k recordKeys) all() []string {
+	return []string{k.record, k.index, k.expiry, k.unknown, k.reconcile}
+}
+
+// keysOf returns the keys of the record named id.
+func (s *Store) keysOf(id idemstore.Identity) recordKeys {
+	slot := &s.keys.slots[maphash.String(s.keys.seed, id.Key)%uint64(len(s.keys.slots))]
+	slot.mu.Lock()
+	hit, k := slot.id == id && slot.keys.record != "", slot.keys
+	slot.mu.Unlock()
+	if hit {
+		return k
+	}
+	k = s.newKeys(id)
+	slot.mu.Lock()
+	slot.id, slot.keys = id, k
+	slot.mu.Unlock()
+	return k
+}
+
+// newKeys builds the keys of the record named id.
+func (s *Store) newKeys(id idemstore.Identity) recordKeys {
+	// The hash input is each field's length (8 bytes, big endian) then its
+	// bytes; it is built in one buffer, on the stack when small.
+	var stack [256]byte
+	buf := stack[:0]
+	for _, f := range [...]string{id.Scope, id.Endpoint, id.Key} {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(len(f)))
+		buf = append(buf, f...)
+	}
+	sum := sha256.Sum256(buf)
+	bucket := int(binary.BigEndian.Uint16(sum[:])) % bucketCount
+	var member [2 * sha256.Size]byte
+	hex.Encode(member[:], sum[:])
+	k := s.keysFor(bucket, member[:])
+	k.boxed = k.box()
+	return k
+}
+
+// bucketKeys returns the keys of the record member of bucket.
+func (s *Store) bucketKeys(bucket int, member string) recordKeys {
+	return s.keysFor(bucket, []byte(member))
+}
+
+// keysFor builds the keys of the record member of bucket in one string and
+// slices them out of it: one allocation for all of them.
+func (s *Store) keysFor(bucket int, member []byte) recordKeys {
+	tag := len(s.prefix) + len("{xxx}")
+	rec := tag + len(":r:") + len(member)
+	idx := tag + len(":leases")
+	exp := tag + len(":expiry")
+	unk := tag + len(":unknown")
+	rcn := tag + len(":reconcile")
+	ch := tag + len(":c:") + len(member)
+	var b strings.Builder
+	b.Grow(rec + idx + exp + ch + unk + rcn)
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":r:")
+	b.Write(member)
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":leases")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":expiry")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":c:")
+	b.Write(member)
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":unknown")
+	s.writeBucketTag(&b, bucket)
+	b.WriteString(":reconcile")
+	all := b.String()
+	o := rec + idx + exp
+	return recordKeys{
+		record:    all[:rec],
+		member:    all[tag+len(":r:") : rec],
+		index:     all[rec : rec+idx],
+		expiry:    all[rec+idx : o],
+		channel:   all[o : o+ch],
+		unknown:   all[o+ch : o+ch+unk],
+		reconcile: all[o+ch+unk:],
+	}
+}
+
+func (s *Store) bucketTag(bucket int) string {
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len("{xxx}"))
+	s.writeBucketTag(&b, bucket)
+	return b.String()
+}
+
+// writeBucketTag writes prefix{xxx}, bucket as three lowercase hex digits
+// (as %03x formats it below 4096).
+func (s *Store) writeBucketTag(b *strings.Builder, bucket int) {
+	const digits = "0123456789abcdef"
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.WriteByte(digits[bucket>>8&0xf])
+	b.WriteByte(digits[bucket>>4&0xf])
+	b.WriteByte(digits[bucket&0xf])
+	b.WriteByte('}')
+}
+
+// escapeGlob quotes the characters SCAN MATCH treats as special.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		switch c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
