@@ -61,14 +61,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			// (ReverseProxy does when the upstream's body breaks off).
 			what = "handler aborted its answer"
 		}
-		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-		if m.txStore != nil {
-			// The transaction rolls back: nothing happened.
-			a.rollback(r)
-			m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
+		o := afterHandler(handled{panicked: true}, m.cfg.Profile, m.txStore != nil)
+		m.complete(w, r, a, rw, o)
+		if o.record == recordReleased {
+			// The transaction rolled back: nothing happened.
 			m.log.Error("idem: "+what+", transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
 		} else {
-			m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
 			m.log.Error("idem: "+what+", outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 		}
 		if v != nil {
@@ -86,34 +84,52 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 // finished records the outcome of a handler that answered and sends a
 // buffered answer.
 func (m *middleware) finished(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder) {
-	if m.txStore != nil {
-		m.completeTx(w, r, a, rw)
-	} else {
-		m.complete(r, a, rw)
-	}
+	m.complete(w, r, a, rw, afterHandler(handled{
+		status:   rw.finalStatus(),
+		streamed: rw.streamed || rw.hijacked,
+		rejected: a.rejected.Load(),
+		unknown:  a.unknown.Load(),
+	}, m.cfg.Profile, m.txStore != nil))
 	rw.finish()
 }
 
-// complete records the outcome of the handler (SPEC section 3, after the handler).
-func (m *middleware) complete(r *http.Request, a *attempt, rw *recorder) {
+// complete records the outcome the policy chose (afterHandler): in
+// transactional mode a completion commits with the business transaction,
+// and every other outcome rolls it back first.
+func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, o outcome) {
+	if o.rollback {
+		a.rollback(r)
+	}
 	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-	switch {
-	case a.rejected.Load():
+	switch o.record {
+	case recordDropped:
 		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
-	case a.unknown.Load():
+	case recordUnknown:
 		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
-	case m.releases(rw.finalStatus()):
-		m.finishStore(r, a, "release", func(ctx context.Context) error { return m.store.KeyRelease(ctx, finish) })
+	case recordReleased:
+		m.release(r, a)
 	default:
-		p := m.completeParams(r, a, rw)
+		if m.txStore != nil {
+			m.completeTx(w, r, a, rw, o.record)
+			return
+		}
+		p := m.completeParams(r, a, rw, o.record)
 		m.finishStore(r, a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
 	}
 }
 
-func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder) *idemstore.CompleteParams {
+// release releases the key so a retry re-executes.
+func (m *middleware) release(r *http.Request, a *attempt) error {
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	var err error
+	m.finishStore(r, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
+	return err
+}
+
+func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
 	p := &a.complete
 	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
-	if rw.streamed || rw.hijacked {
+	if rec == recordNotReplayable {
 		p.NotReplayable = true
 	} else {
 		a.response = idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
@@ -126,37 +142,18 @@ func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder) *
 	return p
 }
 
-// completeTx finishes a transactional attempt: the completion is written in
-// the business transaction and committed before the response is sent. When
-// that fails the response is replaced by a problem and the key released, so
-// the client never sees success for writes that did not commit.
-func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder) {
-	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-	release := func() error {
-		var err error
-		m.finishStore(r, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
-		return err
-	}
-	switch {
-	case a.rejected.Load():
-		a.rollback(r)
-		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
-		return
-	case a.unknown.Load():
-		a.rollback(r)
-		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
-		return
-	case m.releasesTx(rw.finalStatus()):
-		a.rollback(r)
-		release()
-		return
-	}
+// completeTx completes a transactional attempt: the completion is written
+// in the business transaction and committed before the response is sent.
+// When that fails the response is replaced by a problem and the key
+// released, so the client never sees success for writes that did not
+// commit.
+func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, rec recordAs) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
 	defer cancel()
 	ctx, end := m.span(ctx, "idem.complete")
 	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
 	if err == nil {
-		err = tx.KeyComplete(ctx, m.completeParams(r, a, rw))
+		err = tx.KeyComplete(ctx, m.completeParams(r, a, rw, rec))
 		if err == nil {
 			start := m.clockStart()
 			err = tx.Commit(ctx)
@@ -165,7 +162,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 				// Releasing is safe whatever the commit did: the release is
 				// fenced on an in_progress record, and a committed
 				// completion is not in progress any more.
-				if release() == nil {
+				if m.release(r, a) == nil {
 					err = fmt.Errorf("%w: %w", errCommitReleased, err)
 				}
 			}
@@ -185,7 +182,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	default:
 		m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
 		if !errors.Is(err, errCommitReleased) {
-			release()
+			m.release(r, a)
 		}
 		if rw.discard() {
 			m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
@@ -197,22 +194,6 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 var errHandlerPanicked = errors.New("idem: handler panicked")
 
 var errCommitReleased = errors.New("commit failed, key released")
-
-// releasesTx is releases for transactional mode, where a 5xx always rolls
-// back (whatever the profile).
-func (m *middleware) releasesTx(status int) bool {
-	return status >= 500 || m.releases(status)
-}
-
-// releases reports whether a response of this status releases the key so a
-// retry re-executes.
-func (m *middleware) releases(status int) bool {
-	switch status {
-	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
-		return true
-	}
-	return status >= 500 && m.cfg.Profile != ProfileStripe
-}
 
 // finishStore runs a fenced write after the handler on a context detached
 // from the client's: a client that hangs up does not stop it.
