@@ -66,12 +66,12 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	return a.id.Key, true
 }
 
-// DerivedKey returns a stable key for an external call named name made on
-// behalf of the protected request: the same scope, endpoint, client key and
-// name always give the same value, so a downstream that honours its own
-// Idempotency-Key deduplicates retries. It returns "" outside a protected
-// request.
-func DerivedKey(ctx context.Context, name string) string {
+// DerivedKeyFromContext returns a stable key for an external call named name
+// made on behalf of the protected request in ctx: DeriveKey of the request's
+// identity. The same scope, endpoint, client key and name always give the
+// same value, so a downstream that honours its own Idempotency-Key
+// deduplicates retries. It returns "" outside a protected request.
+func DerivedKeyFromContext(ctx context.Context, name string) string {
 	a := attemptFrom(ctx)
 	if a == nil {
 		return ""
@@ -79,7 +79,10 @@ func DerivedKey(ctx context.Context, name string) string {
 	return DeriveKey(a.id, name)
 }
 
-// DeriveKey is DerivedKey for a known identity, for workers outside a request.
+// DeriveKey returns the stable key of the external call named name made on
+// behalf of the record id, for workers outside a request (a reconciler
+// asking the downstream, say). Within a request, DerivedKeyFromContext gives
+// the same value.
 func DeriveKey(id idemstore.Identity, name string) string {
 	h := sha256.New()
 	io.WriteString(h, id.Hash())
