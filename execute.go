@@ -98,31 +98,31 @@ func (m *middleware) finished(w http.ResponseWriter, r *http.Request, a *attempt
 // and every other outcome rolls it back first.
 func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, o outcome) {
 	if o.rollback {
-		a.rollback(r)
+		a.rollback(r.Context())
 	}
 	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
 	switch o.record {
 	case recordDropped:
-		m.finishStore(r, a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
+		m.finishStore(r.Context(), a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
 	case recordUnknown:
-		m.finishStore(r, a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+		m.finishStore(r.Context(), a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
 	case recordReleased:
-		m.release(r, a)
+		m.release(r.Context(), a)
 	default:
 		if m.txStore != nil {
 			m.completeTx(w, r, a, rw, o.record)
 			return
 		}
 		p := m.completeParams(r, a, rw, o.record)
-		m.finishStore(r, a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
+		m.finishStore(r.Context(), a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
 	}
 }
 
 // release releases the key so a retry re-executes.
-func (m *middleware) release(r *http.Request, a *attempt) error {
+func (m *middleware) release(ctx context.Context, a *attempt) error {
 	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
 	var err error
-	m.finishStore(r, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
+	m.finishStore(ctx, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
 	return err
 }
 
@@ -162,12 +162,12 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 				// Releasing is safe whatever the commit did: the release is
 				// fenced on an in_progress record, and a committed
 				// completion is not in progress any more.
-				if m.release(r, a) == nil {
+				if m.release(r.Context(), a) == nil {
 					err = fmt.Errorf("%w: %w", errCommitReleased, err)
 				}
 			}
 		} else {
-			a.rollback(r)
+			a.rollback(r.Context())
 		}
 	}
 	end(err)
@@ -182,7 +182,7 @@ func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attem
 	default:
 		m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
 		if !errors.Is(err, errCommitReleased) {
-			m.release(r, a)
+			m.release(r.Context(), a)
 		}
 		if rw.discard() {
 			m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
@@ -197,8 +197,8 @@ var errCommitReleased = errors.New("commit failed, key released")
 
 // finishStore runs a fenced write after the handler on a context detached
 // from the client's: a client that hangs up does not stop it.
-func (m *middleware) finishStore(r *http.Request, a *attempt, op string, f func(context.Context) error) {
-	ctx := a.ops.arm(r.Context(), m.cfg.StoreTimeout)
+func (m *middleware) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) {
+	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
 	defer a.ops.disarm()
 	ctx, end := m.span(ctx, "idem.complete")
 	start := m.clockStart()
@@ -267,12 +267,12 @@ func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
 }
 
 // rollback rolls back the business transaction if one was begun.
-func (a *attempt) rollback(r *http.Request) {
+func (a *attempt) rollback(ctx context.Context) {
 	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
 	if a.tx == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.m.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.m.cfg.StoreTimeout)
 	defer cancel()
 	if err := a.tx.Rollback(ctx); err != nil {
 		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
