@@ -2,15 +2,10 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/idem-dev/idem/idemstore"
 )
-
-// ErrNotTransactional is returned by RunPhases outside a request protected
-// by a middleware in transactional mode.
-var ErrNotTransactional = errors.New("idem: phases need a request in transactional mode")
 
 // Phase is one atomic phase of a multi-step operation (Brandur Leach's
 // "atomic phases"): its local writes and the advance of the record's
