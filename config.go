@@ -41,10 +41,14 @@ func DefaultMethods(p Profile) []string {
 // DefaultBodyTimeout is the default of Config.BodyTimeout.
 const DefaultBodyTimeout = 60 * time.Second
 
-// DefaultStoredHeaders is the allow-list of response headers stored for replay.
-var DefaultStoredHeaders = []string{
-	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
-	"Location", "ETag", "Last-Modified",
+// DefaultStoredHeaders returns the default allow-list of response headers
+// stored for replay, a fresh slice on every call: no caller can change the
+// default of the others.
+func DefaultStoredHeaders() []string {
+	return []string{
+		"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+		"Location", "ETag", "Last-Modified",
+	}
 }
 
 // Config configures the middleware. A nil *Config means all defaults. Routes
@@ -102,7 +106,7 @@ type Config struct {
 	MaxResponse int64
 	// StoredHeaders is the allow-list of response headers stored for replay.
 	// Set-Cookie, Authorization and hop-by-hop headers are never stored,
-	// whatever the list says. Defaults to DefaultStoredHeaders.
+	// whatever the list says. Defaults to DefaultStoredHeaders().
 	StoredHeaders []string
 	// Keyring, when set, encrypts every stored response (header values and
 	// body) at rest with AES-256-GCM under its first key, and opens
@@ -206,7 +210,7 @@ func (c *Config) withDefaults() Config {
 		cfg.MaxResponse = 1 << 20
 	}
 	if cfg.StoredHeaders == nil {
-		cfg.StoredHeaders = DefaultStoredHeaders
+		cfg.StoredHeaders = DefaultStoredHeaders()
 	}
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = 2 * time.Second

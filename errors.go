@@ -36,6 +36,10 @@ const (
 // may be shown to clients.
 var ErrKeyInvalid = errors.New("invalid Idempotency-Key")
 
+// ErrNotTransactional is returned by RunPhases outside a request protected
+// by a middleware in transactional mode.
+var ErrNotTransactional = errors.New("idem: phases need a request in transactional mode")
+
 // Problem is an RFC 9457 problem details object as the middleware writes it.
 // Detail is client-facing text: it never contains keys, tokens or bodies.
 type Problem struct {

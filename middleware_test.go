@@ -369,7 +369,7 @@ func TestMarkUnknownAndReject(t *testing.T) {
 	})
 	t.Run("outside a request", func(t *testing.T) {
 		t.Parallel()
-		if idem.MarkUnknown(context.Background()) || idem.Reject(context.Background()) || idem.DerivedKey(context.Background(), "x") != "" {
+		if idem.MarkUnknown(context.Background()) || idem.Reject(context.Background()) || idem.DerivedKeyFromContext(context.Background(), "x") != "" {
 			t.Fatal("context helpers accepted a bare context")
 		}
 	})
@@ -762,11 +762,11 @@ func TestConcurrentDuplicates(t *testing.T) {
 	}
 }
 
-func TestDerivedKey(t *testing.T) {
+func TestDerivedKeyFromContext(t *testing.T) {
 	t.Parallel()
 	var got []string
 	b := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
-		got = append(got, idem.DerivedKey(r.Context(), "charge"), idem.DerivedKey(r.Context(), "refund"))
+		got = append(got, idem.DerivedKeyFromContext(r.Context(), "charge"), idem.DerivedKeyFromContext(r.Context(), "refund"))
 		k, _ := idem.KeyFromContext(r.Context())
 		got = append(got, k)
 		w.WriteHeader(500)

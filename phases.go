@@ -2,20 +2,15 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// ErrNotTransactional is returned by RunPhases outside a request protected
-// by a middleware in transactional mode.
-var ErrNotTransactional = errors.New("idem: phases need a request in transactional mode")
-
 // Phase is one atomic phase of a multi-step operation (Brandur Leach's
 // "atomic phases"): its local writes and the advance of the record's
 // recovery point commit in one transaction. A phase makes at most one
-// external call, carrying DerivedKey(ctx, Name) so the downstream
+// external call, carrying DerivedKeyFromContext(ctx, Name) so the downstream
 // deduplicates a call repeated after a crash.
 type Phase struct {
 	// Name is the recovery point recorded when the phase commits. Names are

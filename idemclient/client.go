@@ -38,7 +38,9 @@ type Client struct {
 	HTTPClient *http.Client
 
 	// Logger receives a debug record per retry and a warning when Do gives
-	// up. Keys appear only as a short hash (attribute key_hash). Defaults to
+	// up. Keys appear only as a short hash (attribute idempotency_key_hash:
+	// the first 16 hex digits of the SHA-256 of the header value, the hash
+	// under which a downstream's logs name the same key). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 	// RequestLogHook, if set, is called before each attempt (attempt counts
@@ -160,7 +162,7 @@ func (c *Client) Do(req *http.Request) (*Response, error) {
 
 	attrs := []slog.Attr{slog.String("method", req.Method), slog.String("url", req.URL.Redacted())}
 	if key != "" {
-		attrs = append(attrs, slog.String("key_hash", keyHash(key)))
+		attrs = append(attrs, slog.String("idempotency_key_hash", keyHash(key)))
 	}
 
 	for attempt := 1; ; attempt++ {

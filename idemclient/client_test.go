@@ -714,8 +714,8 @@ func TestDoLogsKeyHashOnly(t *testing.T) {
 	if strings.Contains(out, key) {
 		t.Errorf("the log contains the raw key:\n%s", out)
 	}
-	// key_hash is the first 12 hex digits of the key's SHA-256.
-	if !strings.Contains(out, "key_hash=dc87f94e8f44") {
+	// idempotency_key_hash is the first 16 hex digits of the key's SHA-256.
+	if !strings.Contains(out, "idempotency_key_hash=dc87f94e8f44b501") {
 		t.Errorf("the log lacks the key hash:\n%s", out)
 	}
 	for _, want := range []string{"retrying", "problem_code=key-in-use", "giving up", "status=503", "attempts=4"} {

@@ -23,5 +23,5 @@
 //
 // The returned Response tells whether the answer was a replay of an earlier
 // execution (Idempotent-Replayed: true), how many attempts it took and which
-// key was sent. Keys are logged only as a short hash.
+// key was sent. Keys are logged only as a short hash (idempotency_key_hash).
 package idemclient

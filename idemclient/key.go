@@ -111,9 +111,9 @@ func unquoteKey(v string) string {
 	return b.String()
 }
 
-// keyHash is the short form under which keys appear in logs: the first 12
-// hex digits of their SHA-256.
+// keyHash is the idempotency_key_hash under which keys appear in logs: the
+// first 16 hex digits of their SHA-256.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
+	return hex.EncodeToString(sum[:8])
 }

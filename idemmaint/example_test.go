@@ -20,7 +20,7 @@ import (
 // Example_reconciler settles payments whose outcome is unknown by asking the
 // payment provider whether it holds a charge under the key the service sent
 // it: idem.DeriveKey(identity, "charge"), the same derived key the handler
-// used (idem.DerivedKey(ctx, "charge")).
+// used (idem.DerivedKeyFromContext(ctx, "charge")).
 func Example_reconciler() {
 	ctx := context.Background()
 	clock := idemtest.NewClock(time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC))

@@ -18,7 +18,7 @@ const (
 	DefaultLookupMaxBody = 1 << 20
 )
 
-// defaultStoredHeaders is idem.DefaultStoredHeaders (a test keeps them
+// defaultStoredHeaders is idem.DefaultStoredHeaders() (a test keeps them
 // equal): this package depends on the store contract, not on the middleware.
 var defaultStoredHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
@@ -52,7 +52,7 @@ type HTTPConfig struct {
 	// StoredHeaders is the allow-list of the answer's headers stored for
 	// replay; Set-Cookie, Authorization, hop-by-hop headers and
 	// Content-Length are never stored. Defaults to the middleware's default
-	// (idem.DefaultStoredHeaders).
+	// (idem.DefaultStoredHeaders()).
 	StoredHeaders []string
 	// Client sends the lookups. Defaults to a client of its own that does
 	// not follow redirects (a redirect is an answer like any other 3xx:

@@ -241,8 +241,8 @@ func TestHTTPReconcilerInMaintainer(t *testing.T) {
 // The default allow-list is the middleware's.
 func TestHTTPReconcilerStoredHeadersDefault(t *testing.T) {
 	t.Parallel()
-	if !reflect.DeepEqual(defaultStoredHeaders, idem.DefaultStoredHeaders) {
-		t.Errorf("defaultStoredHeaders = %v, idem.DefaultStoredHeaders = %v", defaultStoredHeaders, idem.DefaultStoredHeaders)
+	if want := idem.DefaultStoredHeaders(); !reflect.DeepEqual(defaultStoredHeaders, want) {
+		t.Errorf("defaultStoredHeaders = %v, idem.DefaultStoredHeaders() = %v", defaultStoredHeaders, want)
 	}
 	c := (*HTTPConfig)(nil).withDefaults()
 	if c.Timeout != DefaultLookupTimeout || c.MaxBody != DefaultLookupMaxBody || c.Client == nil || c.Client.CheckRedirect == nil {

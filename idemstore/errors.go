@@ -12,4 +12,6 @@ var (
 	// unknown, or is asked to resolve to a state other than completed or
 	// released.
 	ErrInvalidState = errors.New("idemstore: invalid state for this operation")
+	// ErrNoTx is returned by TxFromContext outside a transactional request.
+	ErrNoTx = errors.New("idemstore: no transaction in this context (the route is not in transactional mode)")
 )

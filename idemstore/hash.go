@@ -22,6 +22,9 @@ func (id Identity) Hash() string {
 }
 
 // LogHash returns the first 16 hex digits of Hash: the key_hash attribute
-// that names a record in every log line of the middleware, the maintainer
-// and the console, so their logs join without revealing the key.
+// that names a record in every log line of the middleware, the maintainer,
+// the CLI and the console (and idem.key_hash on spans), so their logs join
+// without revealing the key. key_hash means this and nothing else; a bare
+// key value without its scope and endpoint is logged as
+// idempotency_key_hash, the first 16 hex digits of its own SHA-256.
 func (id Identity) LogHash() string { return id.Hash()[:16] }

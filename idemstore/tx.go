@@ -1,9 +1,6 @@
 package idemstore
 
-import (
-	"context"
-	"errors"
-)
+import "context"
 
 // CheckpointParams are the inputs of Tx.KeyCheckpoint.
 type CheckpointParams struct {
@@ -41,9 +38,6 @@ type Tx interface {
 	// pgx.Tx for idempgx, *idemmem.Tx for idemmem.
 	Driver() any
 }
-
-// ErrNoTx is returned by TxFromContext outside a transactional request.
-var ErrNoTx = errors.New("idemstore: no transaction in this context (the route is not in transactional mode)")
 
 type txKey struct{}
 

@@ -70,7 +70,7 @@ func setupE2E(t *testing.T, loseAnswers bool) *e2e {
 		_, err = ob.Enqueue(r.Context(), tx, outbox.Message{
 			Topic:          "provider.charge",
 			Payload:        json.RawMessage(fmt.Sprintf(`{"amount_cents":1250,"currency":"EUR","reference":"payment-%d"}`, id)),
-			IdempotencyKey: idem.DerivedKey(r.Context(), "charge"),
+			IdempotencyKey: idem.DerivedKeyFromContext(r.Context(), "charge"),
 		})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -209,7 +209,7 @@ func closed(c <-chan struct{}) bool {
 
 // attempt delivers one claimed message and records the outcome.
 func (r *Relay) attempt(ctx context.Context, m *Message) error {
-	log := r.log.With("outbox_id", m.ID, "topic", m.Topic, "attempt", m.Attempts, "key_hash", keyHash(m.IdempotencyKey))
+	log := r.log.With("outbox_id", m.ID, "topic", m.Topic, "attempt", m.Attempts, "idempotency_key_hash", keyHash(m.IdempotencyKey))
 	if m.Attempts > r.cfg.MaxAttempts {
 		// The claim of the last allowed attempt expired before its outcome
 		// was recorded (its relay died): nobody knows what it did.
@@ -344,7 +344,9 @@ func errorText(o Outcome, err error) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(text, "\x00", ""), "\uFFFD")
 }
 
-// keyHash names an idempotency key in logs without revealing it.
+// keyHash names an idempotency key in logs without revealing it: the
+// idempotency_key_hash attribute, the first 16 hex digits of the key's
+// SHA-256, as the downstream's and idemclient's logs name it.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])

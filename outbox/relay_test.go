@@ -352,7 +352,7 @@ func TestRelayLogs(t *testing.T) {
 	if strings.Contains(logs, "secret-derived-key") {
 		t.Errorf("the key appears in the logs: %s", logs)
 	}
-	for _, attr := range []string{`"outbox_id":`, `"key_hash":"` + keyHash("secret-derived-key"), `"retry_in":`, `"attempt":1`} {
+	for _, attr := range []string{`"outbox_id":`, `"idempotency_key_hash":"9db6e29d8286710a"`, `"retry_in":`, `"attempt":1`} {
 		if !strings.Contains(logs, attr) {
 			t.Errorf("logs lack %s: %s", attr, logs)
 		}

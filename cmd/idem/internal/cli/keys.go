@@ -581,8 +581,8 @@ func (v headersValue) Set(s string) error {
 		return errors.New("the value has a line break or NUL")
 	}
 	name = http.CanonicalHeaderKey(name)
-	if !slices.Contains(idem.DefaultStoredHeaders, name) {
-		return fmt.Errorf("%s is not replayed; want one of %s", name, strings.Join(idem.DefaultStoredHeaders, ", "))
+	if replayed := idem.DefaultStoredHeaders(); !slices.Contains(replayed, name) {
+		return fmt.Errorf("%s is not replayed; want one of %s", name, strings.Join(replayed, ", "))
 	}
 	if *v.p == nil {
 		*v.p = make(http.Header)
@@ -619,7 +619,7 @@ func parseKeysResolve(args []string, e *env) (*keysResolveOptions, idemstore.Ide
 		"to", "`STATE` to settle the record to: completed or released (required)")
 	fs.IntVar(&o.status, "status", 0, "HTTP `STATUS` retries get, with --to completed")
 	fs.StringVar(&o.body, "body", "", "response body `TEXT`, or @FILE to read it from a file, with --to completed")
-	fs.Var(headersValue{&o.header}, "header", "response header `'Name: value'`, repeatable, with --to completed; one of "+strings.Join(idem.DefaultStoredHeaders, ", "))
+	fs.Var(headersValue{&o.header}, "header", "response header `'Name: value'`, repeatable, with --to completed; one of "+strings.Join(idem.DefaultStoredHeaders(), ", "))
 	fs.BoolVar(&o.notReplayable, "not-replayable", false, "with --to completed and no response: retries get 409 not-replayable")
 	pos, err := fs.parseArgs(args, e)
 	if err != nil {

@@ -37,7 +37,7 @@ const payEndpoint = "POST /v1/payments"
 
 // providerKeyOf returns the idempotency key the service sends to the
 // provider for the payment made with the client's key: the key derived
-// from the request's identity (idem.DerivedKey(ctx, "charge")).
+// from the request's identity (idem.DerivedKeyFromContext(ctx, "charge")).
 func providerKeyOf(clientKey string) string {
 	return idem.DeriveKey(idemstore.Identity{Scope: payTenant, Endpoint: payEndpoint, Key: clientKey}, "charge")
 }

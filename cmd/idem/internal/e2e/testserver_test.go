@@ -154,7 +154,7 @@ func phasesHandler(logger *slog.Logger, schema, downstream, killAt string) http.
 		if err != nil {
 			return err
 		}
-		req.Header.Set(idem.HeaderKey, idem.DerivedKey(ctx, phase))
+		req.Header.Set(idem.HeaderKey, idem.DerivedKeyFromContext(ctx, phase))
 		req.Header.Set("X-Phase", phase)
 		resp, err := dc.Do(req)
 		if err != nil {

@@ -187,7 +187,7 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 		Currency:    req.Currency,
 		CreatedAt:   s.now(),
 		tenant:      tenant,
-		providerKey: idem.DerivedKey(ctx, "charge"),
+		providerKey: idem.DerivedKeyFromContext(ctx, "charge"),
 	}
 	payload, err := json.Marshal(chargeMessage{PaymentID: p.ID})
 	if err != nil {

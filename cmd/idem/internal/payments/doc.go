@@ -35,7 +35,7 @@
 //
 // Outbox relays (outbox.Relay; FOR UPDATE SKIP LOCKED on PostgreSQL) claim
 // due rows and charge the provider with an Idempotency-Key derived from the
-// request (idem.DerivedKey), recording the outcome on the payment:
+// request (idem.DerivedKeyFromContext), recording the outcome on the payment:
 // pending → succeeded | failed | requires_reconciliation. A refusal is
 // retried with exponential backoff and full jitter and dead-lettered after
 // Config.MaxAttempts attempts, when the payment fails. A timeout or a

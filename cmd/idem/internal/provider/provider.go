@@ -216,11 +216,11 @@ func (p *Provider) createCharge(w http.ResponseWriter, r *http.Request) {
 				"This Idempotency-Key was already used for another charge.")
 			return
 		}
-		p.log.Debug("provider: charge exists for this key", "charge_id", existing.ID, "key_hash", keyHash(key))
+		p.log.Debug("provider: charge exists for this key", "charge_id", existing.ID, "idempotency_key_hash", keyHash(key))
 		writeJSON(w, http.StatusOK, existing)
 		return
 	}
-	p.log.Debug("provider: charged", "charge_id", c.ID, "key_hash", keyHash(key),
+	p.log.Debug("provider: charged", "charge_id", c.ID, "idempotency_key_hash", keyHash(key),
 		"amount_cents", c.AmountCents, "currency", c.Currency)
 	w.Header().Set("Location", "/charges/"+c.ID)
 	writeJSON(w, http.StatusCreated, c)
@@ -228,7 +228,7 @@ func (p *Provider) createCharge(w http.ResponseWriter, r *http.Request) {
 
 // fail answers 500: the transaction rolls back and the key is released.
 func (p *Provider) fail(w http.ResponseWriter, op, key string, err error) {
-	p.log.Error("provider: "+op+" failed", "key_hash", keyHash(key), "error", err)
+	p.log.Error("provider: "+op+" failed", "idempotency_key_hash", keyHash(key), "error", err)
 	writeProblem(w, http.StatusInternalServerError, "internal", "The charge could not be recorded; nothing was charged. Retry.")
 }
 
@@ -413,7 +413,9 @@ func newChargeID() string {
 	return "ch_" + hex.EncodeToString(b[:])
 }
 
-// keyHash names an idempotency key in logs without revealing it.
+// keyHash names an idempotency key in logs without revealing it: the
+// idempotency_key_hash attribute, the first 16 hex digits of the key's
+// SHA-256, as the outbox relay that sent it logs it.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])

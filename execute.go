@@ -1,0 +1,285 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// neverStored are headers never kept for replay, whatever the allow-list says.
+var neverStored = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
+	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
+	"Content-Length": true, HeaderReplayed: true, idemcrypt.HeaderSealed: true,
+}
+
+// execute runs the handler under the lease this request holds.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
+	a.execution = new(execution)
+	rw := &a.rec
+	*rw = recorder{w: w, max: m.cfg.MaxResponse}
+	a.bodyReader.Reset(a.body)
+	r.Body = &a.bodyReader
+	a.renewer.start(a)
+	stopRenew := a.renewer.stop
+	a.recoveryPoint = rec.RecoveryPoint
+	a.hctx = attemptCtx{Context: r.Context(), a: a}
+	var ctx context.Context = &a.hctx
+	if m.txStore != nil {
+		ctx = idemstore.ContextWithTx(ctx, a.beginTx(context.WithoutCancel(r.Context())))
+	}
+	defer m.hub.publish(a.id)
+
+	panicked := true
+	endHandler := func(error) {}
+	defer func() {
+		stopRenew()
+		if !panicked {
+			return
+		}
+		v := recover() // nil after runtime.Goexit
+		if v == http.ErrAbortHandler && rw.clientGone() {
+			// The client went away while the answer streamed to it and the
+			// handler gave up writing (as ReverseProxy does): the handler
+			// answered, so its answer decides the outcome. Not a panic.
+			endHandler(nil)
+			m.log.Info("idem: client went away during the answer", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "status", rw.finalStatus(), "error", rw.writeErr)
+			m.finished(w, r, a, rw)
+			panic(v) // net/http drops the connection without logging
+		}
+		endHandler(errHandlerPanicked)
+		what := "handler panicked"
+		if v == http.ErrAbortHandler {
+			// The handler aborted its answer with the client still there
+			// (ReverseProxy does when the upstream's body breaks off).
+			what = "handler aborted its answer"
+		}
+		o := afterHandler(handled{panicked: true}, m.cfg.Profile, m.txStore != nil)
+		m.complete(w, r, a, rw, o)
+		if o.record == recordReleased {
+			// The transaction rolled back: nothing happened.
+			m.log.Error("idem: "+what+", transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+		} else {
+			m.log.Error("idem: "+what+", outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+		}
+		if v != nil {
+			panic(v)
+		}
+	}()
+	ctx, endHandler = m.span(ctx, "idem.handler")
+	next.ServeHTTP(rw, r.WithContext(ctx))
+	endHandler(nil)
+	panicked = false
+	stopRenew()
+	m.finished(w, r, a, rw)
+}
+
+// finished records the outcome of a handler that answered and sends a
+// buffered answer.
+func (m *middleware) finished(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder) {
+	m.complete(w, r, a, rw, afterHandler(handled{
+		status:   rw.finalStatus(),
+		streamed: rw.streamed || rw.hijacked,
+		rejected: a.rejected.Load(),
+		unknown:  a.unknown.Load(),
+	}, m.cfg.Profile, m.txStore != nil))
+	rw.finish()
+}
+
+// complete records the outcome the policy chose (afterHandler): in
+// transactional mode a completion commits with the business transaction,
+// and every other outcome rolls it back first.
+func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, o outcome) {
+	if o.rollback {
+		a.rollback(r.Context())
+	}
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	switch o.record {
+	case recordDropped:
+		m.finishStore(r.Context(), a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
+	case recordUnknown:
+		m.finishStore(r.Context(), a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
+	case recordReleased:
+		m.release(r.Context(), a)
+	default:
+		if m.txStore != nil {
+			m.completeTx(w, r, a, rw, o.record)
+			return
+		}
+		p := m.completeParams(r, a, rw, o.record)
+		m.finishStore(r.Context(), a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
+	}
+}
+
+// release releases the key so a retry re-executes.
+func (m *middleware) release(ctx context.Context, a *attempt) error {
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	var err error
+	m.finishStore(ctx, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
+	return err
+}
+
+func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
+	p := &a.complete
+	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
+	if rec == recordNotReplayable {
+		p.NotReplayable = true
+	} else {
+		a.response = idemstore.Response{Status: rw.finalStatus(), Header: m.storedHeader(rw.Header()), Body: rw.buf}
+		if m.cfg.Redact != nil {
+			a.response.Body = m.cfg.Redact(r, a.response.Status, a.response.Header, rw.buf)
+		}
+		p.Response = &a.response
+		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(a.response.Body))
+	}
+	return p
+}
+
+// completeTx completes a transactional attempt: the completion is written
+// in the business transaction and committed before the response is sent.
+// When that fails the response is replaced by a problem and the key
+// released, so the client never sees success for writes that did not
+// commit.
+func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, rec recordAs) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
+	defer cancel()
+	ctx, end := m.span(ctx, "idem.complete")
+	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
+	if err == nil {
+		err = tx.KeyComplete(ctx, m.completeParams(r, a, rw, rec))
+		if err == nil {
+			start := m.clockStart()
+			err = tx.Commit(ctx)
+			m.storeCall("commit", start, err)
+			if err != nil {
+				// Releasing is safe whatever the commit did: the release is
+				// fenced on an in_progress record, and a committed
+				// completion is not in progress any more.
+				if m.release(r.Context(), a) == nil {
+					err = fmt.Errorf("%w: %w", errCommitReleased, err)
+				}
+			}
+		} else {
+			a.rollback(r.Context())
+		}
+	}
+	end(err)
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		m.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		if rw.discard() {
+			m.writeProblem(w, http.StatusConflict, CodeKeyInUse,
+				"This attempt lost its lease to a newer one and was rolled back. Retry to get the result.", 1)
+		}
+	default:
+		m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+		if !errors.Is(err, errCommitReleased) {
+			m.release(r.Context(), a)
+		}
+		if rw.discard() {
+			m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
+				"The request could not be committed and had no effect. Retry later.", 1)
+		}
+	}
+}
+
+var errHandlerPanicked = errors.New("idem: handler panicked")
+
+var errCommitReleased = errors.New("commit failed, key released")
+
+// finishStore runs a fenced write after the handler on a context detached
+// from the client's: a client that hangs up does not stop it.
+func (m *middleware) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) {
+	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
+	defer a.ops.disarm()
+	ctx, end := m.span(ctx, "idem.complete")
+	start := m.clockStart()
+	err := f(ctx)
+	m.storeCall(op, start, err)
+	end(err)
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		m.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+	default:
+		m.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+	}
+}
+
+// storedHeader returns the headers of h that are stored for replay. When
+// all of them are (a handler that sets Content-Type and Location, say), it
+// returns h itself: stores copy or serialise what they keep, and nothing
+// changes h while the store call runs.
+func (m *middleware) storedHeader(h http.Header) http.Header {
+	n := 0
+	for name := range h {
+		if m.stored[name] {
+			n++
+		}
+	}
+	if n == len(h) {
+		return h
+	}
+	out := make(http.Header, n)
+	for name, vs := range h {
+		if m.stored[name] {
+			out[name] = vs // stores copy or serialise what they keep
+		}
+	}
+	return out
+}
+
+// execution is the part of an attempt only a request that runs the handler
+// needs, in one allocation: a replay or a 409 does not pay for it.
+type execution struct {
+	hctx       attemptCtx
+	bodyReader bodyReader
+	complete   idemstore.CompleteParams
+	response   idemstore.Response
+	rec        recorder
+	renewer    renewer
+
+	// recoveryPoint is the last committed phase (transactional mode).
+	recoveryPoint string
+	// tx is the lazily begun business transaction (transactional mode).
+	txOnce sync.Once
+	tx     idemstore.Tx
+	txErr  error
+}
+
+// beginTx returns the function that begins the request's business
+// transaction once, on first use.
+func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
+	return func() (idemstore.Tx, error) {
+		a.txOnce.Do(func() {
+			a.tx, a.txErr = a.m.txStore.KeyBeginTx(ctx)
+		})
+		return a.tx, a.txErr
+	}
+}
+
+// rollback rolls back the business transaction if one was begun.
+func (a *attempt) rollback(ctx context.Context) {
+	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
+	if a.tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.m.cfg.StoreTimeout)
+	defer cancel()
+	if err := a.tx.Rollback(ctx); err != nil {
+		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
+}
+
+// bodyReader gives the handler the body the middleware read.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }

@@ -1,0 +1,71 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// renewer heartbeats the lease every Lease/3 while the handler runs, on an
+// alarm of the process-wide list rather than a goroutine or a runtime timer
+// per request.
+type renewer struct {
+	a       *attempt
+	mu      sync.Mutex
+	stopped bool
+	alarm   alarm
+}
+
+func (rn *renewer) start(a *attempt) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.a = a
+	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.m.cfg.Lease/3), 0)
+}
+
+// alarmed renews the lease in a goroutine of its own: the list calls its
+// alarms back one after the other.
+func (rn *renewer) alarmed(uint64) {
+	go rn.renew()
+}
+
+func (rn *renewer) renew() {
+	a, m := rn.a, rn.a.m
+	rn.mu.Lock()
+	stopped := rn.stopped
+	rn.mu.Unlock()
+	if stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
+	start := m.clockStart()
+	err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
+	m.storeCall("renew", start, err)
+	cancel()
+	if errors.Is(err, idemstore.ErrLeaseLost) {
+		m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		return
+	}
+	if err != nil {
+		m.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
+	rn.mu.Lock()
+	if !rn.stopped {
+		procAlarms.set(&rn.alarm, rn, time.Now().Add(m.cfg.Lease/3), 0)
+	}
+	rn.mu.Unlock()
+}
+
+// stop ends the heartbeat; it is safe to call more than once.
+func (rn *renewer) stop() {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.stopped || rn.a == nil {
+		return
+	}
+	rn.stopped = true
+	procAlarms.cancel(&rn.alarm)
+}

@@ -1,0 +1,97 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// wait blocks until the record may have changed, the deadline passes or the
+// client leaves. It is woken by a completion in this process, by the store's
+// notifications when it has them, and otherwise re-reads with backoff.
+func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record, deadline <-chan time.Time) bool {
+	ch := m.hub.subscribe(a.id)
+	defer m.hub.unsubscribe(a.id, ch)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	woke := make(chan struct{}, 1)
+	if m.waiter != nil {
+		go func() {
+			if m.waiter.KeyWait(ctx, a.id) == nil {
+				woke <- struct{}{}
+			}
+		}()
+	}
+	// Fallback for completions in other processes without notifications:
+	// re-read at a pace tied to the attempt's progress.
+	poll := time.NewTimer(min(time.Duration(retryAfter(m.cfg.Now(), rec))*time.Second/4, m.cfg.Lease/3, time.Second))
+	defer poll.Stop()
+	select {
+	case <-ch.c:
+	case <-woke:
+	case <-poll.C:
+	case <-deadline:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// hub wakes requests waiting on a record in this process when an attempt
+// finishes.
+type hub struct {
+	mu sync.Mutex
+	m  map[idemstore.Identity]*waitChan
+	// waiting counts the subscriptions, so that publish, which every
+	// execution calls, skips the lock and the lookup when nobody waits. A
+	// subscription that lands just after publish looked misses this wake-up
+	// as it would have under the lock; the waiter's re-read covers it.
+	waiting atomic.Int64
+}
+
+type waitChan struct {
+	c    chan struct{}
+	refs int
+}
+
+func (h *hub) subscribe(id idemstore.Identity) *waitChan {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[idemstore.Identity]*waitChan)
+	}
+	wc := h.m[id]
+	if wc == nil {
+		wc = &waitChan{c: make(chan struct{})}
+		h.m[id] = wc
+	}
+	wc.refs++
+	h.waiting.Add(1)
+	return wc
+}
+
+func (h *hub) unsubscribe(id idemstore.Identity, wc *waitChan) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waiting.Add(-1)
+	wc.refs--
+	if wc.refs == 0 && h.m[id] == wc {
+		delete(h.m, id)
+	}
+}
+
+func (h *hub) publish(id idemstore.Identity) {
+	if h.waiting.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if wc := h.m[id]; wc != nil {
+		close(wc.c)
+		delete(h.m, id)
+	}
+}
