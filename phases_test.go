@@ -26,7 +26,7 @@ func chargeThenRecord(charges *atomic.Int64, block func(call int64), fail func(c
 		err := idem.RunPhases(r.Context(),
 			idem.Phase{Name: "charged", Run: func(ctx context.Context, tx idemstore.Tx) error {
 				charges.Add(1)
-				return phaseTx(tx).Put("charge", idem.DerivedKey(ctx, "charge"))
+				return phaseTx(tx).Put("charge", idem.DerivedKeyFromContext(ctx, "charge"))
 			}},
 			idem.Phase{Name: "recorded", Run: func(ctx context.Context, tx idemstore.Tx) error {
 				if block != nil {
@@ -50,7 +50,7 @@ func chargeThenRecord(charges *atomic.Int64, block func(call int64), fail func(c
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "call %d resumed from %q with %s", call, from, idem.DerivedKey(r.Context(), "charge"))
+		fmt.Fprintf(w, "call %d resumed from %q with %s", call, from, idem.DerivedKeyFromContext(r.Context(), "charge"))
 	}
 }
 
