@@ -118,8 +118,11 @@ func put(r *http.Request, name, value string) error {
 	return tx.Put(name, value)
 }
 
-// phaseTx is the memory transaction a phase runs in.
-func phaseTx(tx idemstore.Tx) *idemmem.Tx { return tx.Driver().(*idemmem.Tx) }
+// phaseTx is the memory transaction a phase runs in (nil for any other).
+func phaseTx(tx idemstore.Tx) *idemmem.Tx {
+	mtx, _ := idemmem.TxFrom(tx)
+	return mtx
+}
 
 // faultyTxStore is a memory store whose transactions fail as told.
 type faultyTxStore struct {
