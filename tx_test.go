@@ -62,6 +62,7 @@ func txSetup(t *testing.T, cfg *idem.Config, faults *txFaults, h func(w http.Res
 	if faults != nil {
 		store = &faultyTxStore{Store: b.store, faults: *faults}
 	}
+	store = idemtest.CheckReserveResults(t, store) // the middleware only reads a reserve's record
 	b.handler = idem.New(store, &c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h(w, r, b.calls.Add(1))
 	}))
