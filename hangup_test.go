@@ -21,6 +21,7 @@ import (
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
 )
 
 // A client that goes away is not an outcome: whatever the client does, the
@@ -40,7 +41,7 @@ type hangupBundle struct {
 
 func hangupSetup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *hangupBundle {
 	t.Helper()
-	return hangupSetupStore(t, idemmem.New(nil), cfg, h)
+	return hangupSetupStore(t, idemtest.CheckReserveResults(t, idemmem.New(nil)), cfg, h)
 }
 
 func hangupSetupStore(t *testing.T, store idemstore.Store, cfg *idem.Config, h http.HandlerFunc) *hangupBundle {

@@ -35,7 +35,9 @@ type testBundle struct {
 func setup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *testBundle {
 	t.Helper()
 	b := &testBundle{clock: idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), logs: &syncBuffer{}}
-	b.store = &faultStore{Store: idemmem.New(&idemmem.Config{Now: b.clock.Now})}
+	// The memory store shares a completed record with every replay: fail
+	// the test if the middleware changes one (idemstore.ReserveResult).
+	b.store = &faultStore{Store: idemtest.CheckReserveResults(t, idemmem.New(&idemmem.Config{Now: b.clock.Now}))}
 	var c idem.Config
 	if cfg != nil {
 		c = *cfg

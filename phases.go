@@ -16,7 +16,9 @@ type Phase struct {
 	// Name is the recovery point recorded when the phase commits. Names are
 	// unique within an operation.
 	Name string
-	// Run does the phase's work in tx. An error rolls the phase back.
+	// Run does the phase's work in tx (idemsqlite.TxFrom, idempgx.TxFrom
+	// and idemmem.TxFrom give the driver's transaction). An error rolls
+	// the phase back.
 	Run func(ctx context.Context, tx idemstore.Tx) error
 }
 

@@ -62,6 +62,7 @@ func txSetup(t *testing.T, cfg *idem.Config, faults *txFaults, h func(w http.Res
 	if faults != nil {
 		store = &faultyTxStore{Store: b.store, faults: *faults}
 	}
+	store = idemtest.CheckReserveResults(t, store) // the middleware only reads a reserve's record
 	b.handler = idem.New(store, &c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h(w, r, b.calls.Add(1))
 	}))
@@ -118,8 +119,11 @@ func put(r *http.Request, name, value string) error {
 	return tx.Put(name, value)
 }
 
-// phaseTx is the memory transaction a phase runs in.
-func phaseTx(tx idemstore.Tx) *idemmem.Tx { return tx.Driver().(*idemmem.Tx) }
+// phaseTx is the memory transaction a phase runs in (nil for any other).
+func phaseTx(tx idemstore.Tx) *idemmem.Tx {
+	mtx, _ := idemmem.TxFrom(tx)
+	return mtx
+}
 
 // faultyTxStore is a memory store whose transactions fail as told.
 type faultyTxStore struct {

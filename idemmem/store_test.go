@@ -19,6 +19,17 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestStoreKeepsHandedOutRecords runs the suite again, failing if the
+// store changes a record after KeyReserve handed it out: it shares a
+// completed record with every replay, so it must replace records, never
+// change them in place.
+func TestStoreKeepsHandedOutRecords(t *testing.T) {
+	t.Parallel()
+	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
+		return idemtest.CheckReserveResults(t, idemmem.New(&idemmem.Config{Now: clock.Now}))
+	})
+}
+
 func TestNewDefaults(t *testing.T) {
 	t.Parallel()
 	s := idemmem.New(nil)

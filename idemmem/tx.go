@@ -38,7 +38,8 @@ func (s *Store) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
 }
 
 // Tx is a transaction begun by KeyBeginTx. It implements idemstore.Tx, and
-// Driver returns it; handlers reach it through TxFromContext.
+// Driver returns it; handlers reach it through TxFromContext, and code
+// handed an idemstore.Tx (a phase of idem.RunPhases) through TxFrom.
 type Tx struct {
 	s *Store
 
@@ -205,16 +206,28 @@ func (t *Tx) Rollback(context.Context) error {
 // its Put and Get.
 func (t *Tx) Driver() any { return t }
 
+// TxFrom returns the *Tx of tx, a transaction begun by KeyBeginTx
+// (directly or through a store that wraps this one, such as idemcrypt or
+// idemcache), and false for a nil tx or any other store's transaction. A
+// phase of idem.RunPhases reaches its transaction through it.
+func TxFrom(tx idemstore.Tx) (*Tx, bool) {
+	if tx == nil {
+		return nil, false
+	}
+	mtx, ok := tx.Driver().(*Tx)
+	return mtx, ok
+}
+
 // TxFromContext returns the business transaction of a request in
 // transactional mode, beginning it on first use, or idemstore.ErrNoTx. The
 // handler writes through it; the middleware completes the key in it and
-// commits.
+// commits. It is TxFrom of the context's transaction.
 func TxFromContext(ctx context.Context) (*Tx, error) {
 	tx, err := idemstore.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	mtx, ok := tx.Driver().(*Tx)
+	mtx, ok := TxFrom(tx)
 	if !ok {
 		return nil, fmt.Errorf("idemmem: the request's transaction is a %T, not an *idemmem.Tx", tx.Driver())
 	}

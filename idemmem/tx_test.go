@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
@@ -244,5 +246,48 @@ func TestTxFromContext(t *testing.T) {
 	tx, err := idemmem.TxFromContext(ctx)
 	if err != nil || tx == nil || idemstore.Tx(tx) != begun {
 		t.Fatalf("TxFromContext = %v, %v; want the request's transaction", tx, err)
+	}
+}
+
+// otherTx is a transaction of some other store.
+type otherTx struct{ idemstore.Tx }
+
+func (otherTx) Driver() any { return "another driver's transaction" }
+
+// TestTxFrom: TxFrom gives the *Tx of a transaction the store began, also
+// through a store that wraps it, and refuses any other transaction.
+func TestTxFrom(t *testing.T) {
+	t.Parallel()
+	b := txSetup(t)
+	for name, ts := range map[string]idemstore.TxStore{
+		"store":     b.store,
+		"idemcrypt": idemcrypt.New(b.store, nil).(idemstore.TxStore),
+	} {
+		tx, err := ts.KeyBeginTx(b.ctx)
+		if err != nil {
+			t.Fatalf("%s: KeyBeginTx: %v", name, err)
+		}
+		mtx, ok := idemmem.TxFrom(tx)
+		if !ok {
+			t.Fatalf("%s: TxFrom(%T) = false, want the *Tx", name, tx)
+		}
+		if err := mtx.Put("payment", name); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.store.Values()["payment"]; got != name {
+			t.Errorf("%s: committed value %q, want the one Put through TxFrom's *Tx", name, got)
+		}
+	}
+	for _, tx := range []idemstore.Tx{nil, otherTx{}} {
+		if mtx, ok := idemmem.TxFrom(tx); ok || mtx != nil {
+			t.Errorf("TxFrom(%T) = %v, %v; want nil, false", tx, mtx, ok)
+		}
+	}
+	ctx := idemstore.ContextWithTx(b.ctx, func() (idemstore.Tx, error) { return otherTx{}, nil })
+	if _, err := idemmem.TxFromContext(ctx); err == nil || !strings.Contains(err.Error(), "not an *idemmem.Tx") {
+		t.Errorf("TxFromContext with another store's transaction: %v, want an error naming it", err)
 	}
 }

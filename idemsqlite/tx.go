@@ -24,7 +24,8 @@ func (s *Store) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
 }
 
 // Tx is a business transaction begun by KeyBeginTx. It implements
-// idemstore.Tx; handlers reach the *sql.Tx through TxFromContext.
+// idemstore.Tx; handlers reach the *sql.Tx through TxFromContext, and code
+// handed an idemstore.Tx (a phase of idem.RunPhases) through TxFrom.
 type Tx struct {
 	s  *Store
 	tx *sql.Tx
@@ -54,16 +55,27 @@ func (t *Tx) Rollback(context.Context) error {
 // Driver returns the *sql.Tx.
 func (t *Tx) Driver() any { return t.tx }
 
+// TxFrom returns the *sql.Tx of tx, a transaction begun by KeyBeginTx
+// (directly or through a store that wraps this one, such as idemcrypt or
+// idemcache), and false for a nil tx or any other store's transaction.
+func TxFrom(tx idemstore.Tx) (*sql.Tx, bool) {
+	if tx == nil {
+		return nil, false
+	}
+	stx, ok := tx.Driver().(*sql.Tx)
+	return stx, ok
+}
+
 // TxFromContext returns the business transaction of a request in
 // transactional mode, beginning it on first use, or idemstore.ErrNoTx. The
 // handler writes through it; the middleware completes the key in it and
-// commits.
+// commits. It is TxFrom of the context's transaction.
 func TxFromContext(ctx context.Context) (*sql.Tx, error) {
 	tx, err := idemstore.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	stx, ok := tx.Driver().(*sql.Tx)
+	stx, ok := TxFrom(tx)
 	if !ok {
 		return nil, fmt.Errorf("idemsqlite: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
 	}

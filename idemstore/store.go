@@ -172,6 +172,8 @@ type ReserveResult struct {
 	// callers, so that a replay copies nothing it does not have to. A
 	// caller that hands the headers on to code that may modify them copies
 	// them first. Records from the other methods belong to the caller.
+	// idemtest.CheckReserveResults fails a test in which the caller, or the
+	// store, changes a record after it was returned.
 	Record *Record
 }
 

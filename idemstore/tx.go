@@ -34,8 +34,11 @@ type Tx interface {
 	Commit(ctx context.Context) error
 	// Rollback rolls the transaction back; after Commit it does nothing.
 	Rollback(ctx context.Context) error
-	// Driver returns the driver's transaction: *sql.Tx for idemsqlite,
-	// pgx.Tx for idempgx, *idemmem.Tx for idemmem.
+	// Driver returns the driver's transaction, for the driver's own typed
+	// accessor (idemsqlite.TxFrom gives a *sql.Tx, idempgx.TxFrom a
+	// pgx.Tx, idemmem.TxFrom an *idemmem.Tx); a wrapping store returns the
+	// wrapped transaction's. Other code calls the accessor rather than
+	// asserting the type itself.
 	Driver() any
 }
 

@@ -60,12 +60,6 @@ func (s *PgxStore) Enqueue(ctx context.Context, tx pgx.Tx, m Message) (int64, er
 	return id, nil
 }
 
-// EnqueuePgx is PgxStore.Enqueue with the wall clock, for callers that hold
-// a transaction but no store.
-func EnqueuePgx(ctx context.Context, tx pgx.Tx, m Message) (int64, error) {
-	return NewPgx(nil, nil).Enqueue(ctx, tx, m)
-}
-
 // MessageClaim implements Store.
 func (s *PgxStore) MessageClaim(ctx context.Context, p *ClaimParams) ([]*Message, error) {
 	now := orNow(p.Now, s.cfg.Now)

@@ -50,12 +50,6 @@ func (s *SQLiteStore) Enqueue(ctx context.Context, tx *sql.Tx, m Message) (int64
 	return id, nil
 }
 
-// EnqueueSQL is SQLiteStore.Enqueue with the wall clock, for callers that
-// hold a transaction but no store.
-func EnqueueSQL(ctx context.Context, tx *sql.Tx, m Message) (int64, error) {
-	return NewSQLite(nil, nil).Enqueue(ctx, tx, m)
-}
-
 // MessageClaim implements Store.
 func (s *SQLiteStore) MessageClaim(ctx context.Context, p *ClaimParams) ([]*Message, error) {
 	now := orNow(p.Now, s.cfg.Now)

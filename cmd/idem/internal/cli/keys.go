@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/keyadmin"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
@@ -702,19 +703,15 @@ func runKeysResolve(ctx context.Context, e *env, args []string, open storeOpener
 		return fmt.Errorf("the record is %s, not unknown: only unknown records are resolved", rec.State)
 	}
 	to := idemstore.State(o.to)
-	err = store.KeyResolve(ctx, &idemstore.ResolveParams{Identity: id, Token: rec.Token, To: to, Response: resp})
+	res := &keyadmin.Resolution{Identity: id, Token: rec.Token, To: to, Response: resp, Operator: operator(e)}
+	err = keyadmin.Resolve(ctx, store, res)
 	switch {
-	case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrInvalidState), errors.Is(err, idemstore.ErrNotFound):
+	case keyadmin.Changed(err), errors.Is(err, idemstore.ErrNotFound):
 		return fmt.Errorf("the record changed after it was read (another attempt, resolver or purge got to it); nothing was written: look at it again with 'idem keys show' (%w)", err)
 	case err != nil:
 		return fmt.Errorf("resolving the record: %w", err)
 	}
-	attrs := []any{"action", "resolve", "key_hash", id.LogHash(), "endpoint", id.Endpoint, "scope", id.Scope,
-		"from", string(rec.State), "to", string(to), "operator", operator(e)}
-	if resp != nil {
-		attrs = append(attrs, "status", resp.Status)
-	}
-	e.logger.Info("idem keys: record resolved", attrs...)
+	e.logger.LogAttrs(ctx, slog.LevelInfo, "idem keys: record resolved", res.Audit()...)
 	switch {
 	case to == idemstore.StateReleased:
 		fmt.Fprintf(e.stdout, "Resolved %s to released: the next retry executes it.\n", printable(id.Key))

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/keyadmin"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -542,15 +543,14 @@ func (c *console) resolve(w http.ResponseWriter, r *http.Request) {
 	}
 	id := rf.identity()
 	back := c.keyLink(id, "")
-	p := &idemstore.ResolveParams{Identity: id, Token: rf.Token, To: idemstore.State(r.PostForm.Get("to"))}
-	status := 0
-	switch p.To {
+	res := &keyadmin.Resolution{Identity: id, Token: rf.Token, To: idemstore.State(r.PostForm.Get("to")), Operator: sessionFrom(r).operator}
+	switch res.To {
 	case idemstore.StateReleased:
 	case idemstore.StateCompleted:
 		if r.PostForm.Get("not_replayable") != "" {
 			break
 		}
-		status, err = strconv.Atoi(r.PostForm.Get("status"))
+		status, err := strconv.Atoi(r.PostForm.Get("status"))
 		if err != nil || status < 200 || status > 599 {
 			c.renderErrorBack(w, r, http.StatusBadRequest, "Bad request", "The status must be a number from 200 to 599.", back)
 			return
@@ -568,31 +568,20 @@ func (c *console) resolve(w http.ResponseWriter, r *http.Request) {
 			}
 			resp.Header.Set("Content-Type", ct)
 		}
-		p.Response = resp
+		res.Response = resp
 	default:
 		c.renderErrorBack(w, r, http.StatusBadRequest, "Bad request", "A record resolves to completed or released.", back)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
 	defer cancel()
-	err = c.cfg.Store.KeyResolve(ctx, p)
-	attrs := []slog.Attr{
-		slog.String("action", "resolve"),
-		slog.String("operator", sessionFrom(r).operator),
-		slog.String("key_hash", keyHash(id)),
-		slog.String("endpoint", id.Endpoint),
-		slog.String("scope", id.Scope),
-		slog.String("from", string(idemstore.StateUnknown)),
-		slog.String("to", string(p.To)),
-	}
-	if status != 0 {
-		attrs = append(attrs, slog.Int("status", status))
-	}
+	err = keyadmin.Resolve(ctx, c.cfg.Store, res)
+	attrs := res.Audit()
 	switch {
 	case err == nil:
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "idem console: operator resolved an unknown key", attrs...)
-		http.Redirect(w, r, c.keyLink(id, string(p.To)), http.StatusSeeOther)
-	case errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, idemstore.ErrInvalidState):
+		http.Redirect(w, r, c.keyLink(id, string(res.To)), http.StatusSeeOther)
+	case keyadmin.Changed(err):
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem console: resolution refused, the record changed", append(attrs, slog.Any("error", err))...)
 		c.renderErrorBack(w, r, http.StatusConflict, "The record changed",
 			"Nothing was written: the record is no longer the unknown outcome this page showed (the reconciler or another operator resolved it, or a new attempt took it over). Check its current state.", back)

@@ -176,9 +176,9 @@ func phasesHandler(logger *slog.Logger, schema, downstream, killAt string) http.
 				if i > 0 {
 					maybeKill(phaseNames[i-1] + "/committed")
 				}
-				ptx, ok := tx.Driver().(pgx.Tx)
+				ptx, ok := idempgx.TxFrom(tx)
 				if !ok {
-					return fmt.Errorf("the phase's transaction is a %T", tx.Driver())
+					return fmt.Errorf("the phase's transaction is a %T, not an idempgx one", tx)
 				}
 				if _, err := ptx.Exec(ctx, "INSERT INTO "+writes+" (op_key, phase, pid) VALUES ($1, $2, $3)", key, name, os.Getpid()); err != nil {
 					return err

@@ -237,9 +237,9 @@ type sqliteRepo struct {
 }
 
 func sqlTx(tx idemstore.Tx) (*sql.Tx, error) {
-	stx, ok := tx.Driver().(*sql.Tx)
+	stx, ok := idemsqlite.TxFrom(tx)
 	if !ok {
-		return nil, fmt.Errorf("payments: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
+		return nil, fmt.Errorf("payments: the request's transaction is a %T, not an idemsqlite one", tx)
 	}
 	return stx, nil
 }
@@ -410,9 +410,9 @@ type pgxRepo struct {
 }
 
 func pgxTx(tx idemstore.Tx) (pgx.Tx, error) {
-	ptx, ok := tx.Driver().(pgx.Tx)
+	ptx, ok := idempgx.TxFrom(tx)
 	if !ok {
-		return nil, fmt.Errorf("payments: the request's transaction is a %T, not a pgx.Tx", tx.Driver())
+		return nil, fmt.Errorf("payments: the request's transaction is a %T, not an idempgx one", tx)
 	}
 	return ptx, nil
 }

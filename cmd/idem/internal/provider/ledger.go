@@ -148,9 +148,9 @@ type sqliteLedger struct {
 }
 
 func (l *sqliteLedger) insert(ctx context.Context, tx idemstore.Tx, c *Charge) (*Charge, error) {
-	stx, ok := tx.Driver().(*sql.Tx)
+	stx, ok := idemsqlite.TxFrom(tx)
 	if !ok {
-		return nil, fmt.Errorf("provider: the request's transaction is a %T, not a *sql.Tx", tx.Driver())
+		return nil, fmt.Errorf("provider: the request's transaction is a %T, not an idemsqlite one", tx)
 	}
 	err := stx.QueryRowContext(ctx, l.q.insert,
 		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt.UnixMicro()).Scan(&c.Seq)
@@ -225,9 +225,9 @@ type pgxLedger struct {
 }
 
 func (l *pgxLedger) insert(ctx context.Context, tx idemstore.Tx, c *Charge) (*Charge, error) {
-	ptx, ok := tx.Driver().(pgx.Tx)
+	ptx, ok := idempgx.TxFrom(tx)
 	if !ok {
-		return nil, fmt.Errorf("provider: the request's transaction is a %T, not a pgx.Tx", tx.Driver())
+		return nil, fmt.Errorf("provider: the request's transaction is a %T, not an idempgx one", tx)
 	}
 	err := ptx.QueryRow(ctx, l.q.insert,
 		c.ID, c.IdempotencyKey, c.AmountCents, c.Currency, c.Reference, c.CreatedAt).Scan(&c.Seq)
