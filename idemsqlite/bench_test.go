@@ -55,6 +55,7 @@ func BenchmarkReserveParallel(b *testing.B) {
 			}
 		}
 	})
+	reportBatches(b, s)
 }
 
 // completedStore returns a store holding one completed record with a 1 KiB
@@ -124,7 +125,8 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 // the middleware on the default store from 16 goroutines per CPU, as a
 // loaded server sees them: all of them wait for SQLite's one writer.
 func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
-	h := idem.New(openStore(b, nil), nil)(benchkit.Handler)
+	s := openStore(b, nil)
+	h := idem.New(s, nil)(benchkit.Handler)
 	var n atomic.Int64
 	b.SetParallelism(16)
 	b.RunParallel(func(pb *testing.PB) {
@@ -138,4 +140,12 @@ func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
 			}
 		}
 	})
+	reportBatches(b, s)
+}
+
+// reportBatches reports the writes per commit of s's group commit.
+func reportBatches(b *testing.B, s *idemsqlite.Store) {
+	if commits, writes := idemsqlite.BatchStats(s); commits > 0 {
+		b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+	}
 }

@@ -88,7 +88,11 @@ func TxFromContext(ctx context.Context) (*sql.Tx, error) {
 // and the caller must then roll tx back. tx must be a transaction on the
 // store's database (see DB).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
-	return s.complete(ctx, tx, p)
+	status, header, body, nr, err := responseArgs(p.Response, p.NotReplayable)
+	if err != nil {
+		return err
+	}
+	return s.fencedExec(ctx, tx, "completing key", completeKey, p.Identity, p.Token, status, header, body, nr)
 }
 
 // CheckpointTx records p.RecoveryPoint as the last committed phase of the
