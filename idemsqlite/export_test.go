@@ -19,5 +19,5 @@ func OnQueued(s *Store, f func(n int)) { s.batch.queued = f }
 // WriteTx runs f as one write of the store, in a transaction it may share
 // with other writes (group commit).
 func WriteTx(s *Store, ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
-	return s.writeTx(ctx, f)
+	return s.batch.do(ctx, f)
 }

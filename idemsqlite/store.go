@@ -57,6 +57,9 @@ type Store struct {
 	// batch groups the store's writes into shared transactions (group
 	// commit, batch.go).
 	batch *batcher
+	// wst and rst are the statements prepared on db and rdb (prepared.go);
+	// empty for a store made by New.
+	wst, rst statements
 }
 
 var _ idemstore.Store = (*Store)(nil)
@@ -108,6 +111,12 @@ func Open(path string, cfg *Config) (*Store, error) {
 	rdb.SetMaxOpenConns(c.MaxReadConns)
 	rdb.SetMaxIdleConns(c.MaxReadConns)
 	s.rdb = rdb
+	if s.wst, err = prepareAll(ctx, db, writeStatements); err == nil {
+		s.rst, err = prepareAll(ctx, rdb, readStatements)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("idemsqlite: opening %s: preparing statements: %w", path, err), s.Close())
+	}
 	return s, nil
 }
 
@@ -133,7 +142,7 @@ func (s *Store) Close() error {
 	if !s.owned {
 		return nil
 	}
-	err := s.rdb.Close()
+	err := errors.Join(s.wst.close(), s.rst.close(), s.rdb.Close())
 	if s.rdb != s.db {
 		err = errors.Join(err, s.db.Close())
 	}
@@ -286,7 +295,7 @@ func needsWrite(r *idemstore.Record, p *idemstore.ReserveParams, now time.Time) 
 // writes the record.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	now := s.now()
-	r, err := getRaw(ctx, s.rdb, p.Identity, now)
+	r, err := getRaw(ctx, s.reader(), p.Identity, now)
 	if err != nil {
 		return nil, interpretError("reserving key", err)
 	}
@@ -295,7 +304,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 
 	var res *idemstore.ReserveResult
-	err = s.writeTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err = s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		if err != nil {
@@ -339,10 +348,16 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 // writes that arrive together (group commit, see batcher), and returns once
 // that transaction committed (nil or f's error) or failed. f's writes
 // commit when f succeeds and are undone when it fails; f writes only
-// through tx, with the ctx it is given.
-func (s *Store) writeTx(ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
-	return s.batch.do(ctx, f)
+// through tx (which runs the prepared statements through their
+// preparation), with the ctx it is given.
+func (s *Store) writeTx(ctx context.Context, f func(ctx context.Context, tx querier) error) error {
+	return s.batch.do(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return f(ctx, preparedQuerier{q: tx, tx: tx, st: s.wst})
+	})
 }
+
+// reader returns the read pool, with its prepared statements.
+func (s *Store) reader() querier { return preparedQuerier{q: s.rdb, st: s.rst} }
 
 // rollback rolls tx back, ignoring that it is already done.
 func rollback(tx *sql.Tx) error {
@@ -355,7 +370,7 @@ func rollback(tx *sql.Tx) error {
 // KeyGet implements idemstore.Store.
 func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
 	now := s.now()
-	r, err := getRaw(ctx, s.rdb, id, now)
+	r, err := getRaw(ctx, s.reader(), id, now)
 	if err != nil {
 		return nil, interpretError("getting key", err)
 	}
@@ -376,7 +391,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 
 // fencedWrite runs one fenced write (see fenced) in a write transaction.
 func (s *Store) fencedWrite(ctx context.Context, op, query string, id idemstore.Identity, token string, extra ...any) error {
-	return interpretError(op, s.writeTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	return interpretError(op, s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		return s.fenced(ctx, tx, query, id, token, extra...)
 	}))
 }
@@ -437,7 +452,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 			return err
 		}
 	}
-	err := s.writeTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
@@ -527,7 +542,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 // KeyPurge implements idemstore.Store.
 func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	var purged *idemstore.Record
-	err := s.writeTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
