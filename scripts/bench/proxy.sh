@@ -18,7 +18,8 @@
 # p99 latency, and the CPU time per request (user + system, from
 # /proc/PID/stat) of the proxy process and of the store's server: the Redis
 # server, or the PostgreSQL backends of the proxy's connections (found by
-# application_name). SQLite runs in the proxy's process.
+# application_name). SQLite runs in the proxy's process. STORES may also
+# name memory: the proxy without a store's cost, for reference.
 #
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
@@ -111,7 +112,8 @@ for store in $STORES; do
 	sqlite) url="sqlite:$work/proxy.db?synchronous=$SQLITE_SYNC" ;;
 	postgres) url=$(with_param "$(with_param "$PG_URL" "schema=$TAG")" "application_name=$TAG") ;;
 	redis) url=$(with_param "$REDIS_URL" "prefix=$TAG:") ;;
-	*) log "unknown store $store (want sqlite, postgres, redis)"; exit 2 ;;
+	memory) url=memory: ;;
+	*) log "unknown store $store (want sqlite, postgres, redis, memory)"; exit 2 ;;
 	esac
 	port_of[$store]=$((PORT + n))
 	start "$store" "$((PORT + n))" "$work/idem" proxy --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
