@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -32,10 +34,15 @@ import (
 //   - Each write sees the ones before it in the batch, as it would had they
 //     committed first, so the atomic reserve and the fencing hold inside a
 //     batch as between batches.
-//   - A write whose context ends while it waits in the queue leaves the
-//     queue with the context's error and is never run; once taken into a
-//     batch it runs to the end, under a context that is not cancelled (an
-//     interrupted statement can roll back SQLite's whole transaction).
+//   - A write whose context ends while it waits in the queue (or, leading,
+//     for the write connection, which a transactional-mode transaction may
+//     hold) leaves the queue with the context's error and is never run;
+//     once taken into a batch it runs to the end, under a context that is
+//     not cancelled (an interrupted statement can roll back SQLite's whole
+//     transaction). Waiting for another process's lock, beginning the
+//     transaction, is bounded by the busy timeout.
+//   - A write that panics fails with an error instead of leaving the writer
+//     taken.
 type batcher struct {
 	db *sql.DB
 	// max bounds the writes of one batch.
@@ -78,7 +85,7 @@ func (b *batcher) do(ctx context.Context, f func(ctx context.Context, tx *sql.Tx
 		b.queued(n)
 	}
 	if leader {
-		b.lead()
+		b.lead(w)
 		return w.err
 	}
 
@@ -86,8 +93,8 @@ func (b *batcher) do(ctx context.Context, f func(ctx context.Context, tx *sql.Tx
 	case <-w.wake:
 	case <-ctx.Done():
 		b.mu.Lock()
-		if i := indexOf(b.queue, w); i >= 0 && !w.lead {
-			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+		if i := slices.Index(b.queue, w); i >= 0 && !w.lead {
+			b.queue = slices.Delete(b.queue, i, i+1)
 			b.mu.Unlock()
 			return ctx.Err()
 		}
@@ -95,42 +102,42 @@ func (b *batcher) do(ctx context.Context, f func(ctx context.Context, tx *sql.Tx
 		<-w.wake // taken into a batch, or handed the lead: see it through
 	}
 	if w.lead {
-		b.lead()
+		b.lead(w)
 	}
 	return w.err
 }
 
-func indexOf(q []*write, w *write) int {
-	for i, x := range q {
-		if x == w {
-			return i
-		}
-	}
-	return -1
-}
-
-// lead runs one batch: the writes queued once the transaction has begun
-// (the leader's own is the first), then hands the lead to the first write
-// queued meanwhile, or frees the writer.
-func (b *batcher) lead() {
-	// The batch's transaction must not end with one caller's context.
-	tx, beginErr := b.db.BeginTx(context.Background(), nil)
-
-	b.mu.Lock()
-	n := min(len(b.queue), b.max)
-	batch := b.queue[:n:n]
-	b.queue = b.queue[n:]
-	if len(b.queue) == 0 {
-		b.queue = nil
-	}
-	b.mu.Unlock()
-
-	if beginErr != nil {
-		for _, w := range batch {
-			w.err = beginErr
-		}
+// lead runs one batch for the leader, whose write l is the first in the
+// queue: it waits for the write connection (as long as l's context allows),
+// begins the transaction, takes the writes queued by then, runs them and
+// ends the transaction, then hands the lead to the first write queued
+// meanwhile, or frees the writer. If l's context ends before the
+// connection is free, l alone fails and the next write leads.
+func (b *batcher) lead(l *write) {
+	var batch []*write
+	conn, err := b.db.Conn(l.ctx)
+	if err != nil {
+		b.mu.Lock()
+		b.queue = slices.DeleteFunc(b.queue, func(w *write) bool { return w == l })
+		b.mu.Unlock()
+		l.err = err
 	} else {
-		b.run(tx, batch)
+		// The transaction must not end with one caller's context: the
+		// others' writes are in it.
+		tx, err := conn.BeginTx(context.Background(), nil)
+		b.mu.Lock()
+		n := min(len(b.queue), b.max)
+		batch = slices.Clone(b.queue[:n])
+		b.queue = slices.Delete(b.queue, 0, n)
+		b.mu.Unlock()
+		if err != nil {
+			for _, w := range batch {
+				w.err = err
+			}
+		} else {
+			b.run(tx, batch)
+		}
+		conn.Close()
 	}
 
 	b.mu.Lock()
@@ -143,7 +150,7 @@ func (b *batcher) lead() {
 	}
 	b.mu.Unlock()
 	for _, w := range batch {
-		if !w.lead {
+		if w != l {
 			w.wake <- struct{}{}
 		}
 	}
@@ -152,14 +159,25 @@ func (b *batcher) lead() {
 	}
 }
 
+// call runs w's write in tx. A panic in it is w's error, so that it
+// cannot leave the writer taken for good.
+func call(w *write, tx *sql.Tx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("idemsqlite: a write panicked: %v", p)
+		}
+	}()
+	if err := w.ctx.Err(); err != nil {
+		return err
+	}
+	return w.f(context.WithoutCancel(w.ctx), tx)
+}
+
 // run runs batch in tx and ends tx, setting each write's err.
 func (b *batcher) run(tx *sql.Tx, batch []*write) {
 	if len(batch) == 1 {
 		w := batch[0]
-		if w.err = w.ctx.Err(); w.err == nil {
-			w.err = w.f(context.WithoutCancel(w.ctx), tx)
-		}
-		if w.err != nil {
+		if w.err = call(w, tx); w.err != nil {
 			w.err = errors.Join(w.err, rollback(tx))
 			return
 		}
@@ -173,14 +191,11 @@ func (b *batcher) run(tx *sql.Tx, batch []*write) {
 	ctx := context.Background()
 	var doomed error // fails the whole batch
 	for _, w := range batch {
-		if w.err = w.ctx.Err(); w.err != nil {
-			continue
-		}
 		if _, err := tx.ExecContext(ctx, "SAVEPOINT idem_write"); err != nil {
 			doomed = err
 			break
 		}
-		if w.err = w.f(context.WithoutCancel(w.ctx), tx); w.err != nil {
+		if w.err = call(w, tx); w.err != nil {
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO idem_write"); err != nil {
 				doomed = err
 				break

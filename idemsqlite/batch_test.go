@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,12 +153,12 @@ func TestGroupCommitReservesOnce(t *testing.T) {
 }
 
 // TestGroupCommitFailureIsolated: writes that fail inside a batch (a
-// constraint violation, a lost fence, a write that fails after writing)
-// fail alone: the batch's other writes commit, and the failed ones leave
+// constraint violation, a lost fence, a write that fails after writing, a
+// write that panics after writing) fail alone: the batch's other writes commit, and the failed ones leave
 // nothing behind.
 func TestGroupCommitFailureIsolated(t *testing.T) {
 	t.Parallel()
-	const writes = 6
+	const writes = 7
 	s := openStore(t, nil)
 	ctx := t.Context()
 	id := func(key string) idemstore.Identity { return reserveParams(key, "").Identity }
@@ -197,6 +198,14 @@ func TestGroupCommitFailureIsolated(t *testing.T) {
 		func() error {
 			return s.KeyRelease(ctx, &idemstore.FinishParams{Identity: id("released"), Token: "t-released"})
 		},
+		func() error {
+			return idemsqlite.WriteTx(s, ctx, func(ctx context.Context, tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, "INSERT INTO side_effects (x) VALUES (2)"); err != nil {
+					return err
+				}
+				panic("a bug")
+			})
+		},
 	}
 	// The first write to queue leads and waits for the writer; the others
 	// queue behind it and join its batch.
@@ -225,6 +234,10 @@ func TestGroupCommitFailureIsolated(t *testing.T) {
 			if err == nil || err.Error() != "failing after a write" {
 				t.Errorf("the failing write: %v; want its own error", err)
 			}
+		case 6:
+			if err == nil || !strings.Contains(err.Error(), "panicked: a bug") {
+				t.Errorf("the panicking write: %v; want its panic as its error", err)
+			}
 		default:
 			if err != nil {
 				t.Errorf("write %d failed with the batch's others: %v", i, err)
@@ -245,14 +258,15 @@ func TestGroupCommitFailureIsolated(t *testing.T) {
 	}
 	var n int
 	if err := s.DB().QueryRow("SELECT count(*) FROM side_effects").Scan(&n); err != nil || n != 0 {
-		t.Errorf("side_effects has %d rows, %v; want the failed write's row undone", n, err)
+		t.Errorf("side_effects has %d rows, %v; want the failed writes' rows undone", n, err)
 	}
 }
 
 // TestGroupCommitCancelWhileQueued: a write whose context ends while it
 // waits for the writer returns at once with the context's error and is
-// never run; a leader whose context ends while it waits still commits the
-// writes queued behind it, and its own is skipped.
+// never run, whether it waits in the queue or leads and waits for the write
+// connection (held here as a transactional-mode transaction holds it); the
+// next write in the queue then leads.
 func TestGroupCommitCancelWhileQueued(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, nil)
@@ -260,27 +274,31 @@ func TestGroupCommitCancelWhileQueued(t *testing.T) {
 	ctx := t.Context()
 	leaderCtx, cancelLeader := context.WithCancel(ctx)
 	followerCtx, cancelFollower := context.WithCancel(ctx)
+	reserveIn := func(ctx context.Context, key string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.KeyReserve(ctx, reserveParams(key, "t"))
+			done <- err
+		}()
+		return done
+	}
 
-	var leaderErr, keptErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { _, leaderErr = s.KeyReserve(leaderCtx, reserveParams("leader", "t")) })
+	leader := reserveIn(leaderCtx, "leader")
 	wait(1)
-	wg.Go(func() { _, keptErr = s.KeyReserve(ctx, reserveParams("kept", "t")) })
-	follower := make(chan error, 1)
-	go func() {
-		_, err := s.KeyReserve(followerCtx, reserveParams("cancelled", "t"))
-		follower <- err
-	}()
+	kept := reserveIn(ctx, "kept")
+	follower := reserveIn(followerCtx, "cancelled")
 	wait(3)
 	cancelFollower()
 	if err := <-follower; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled follower: %v; want context.Canceled while the writer is still held", err)
 	}
 	cancelLeader()
+	if err := <-leader; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled leader: %v; want context.Canceled while the writer is still held", err)
+	}
 	release()
-	wg.Wait()
-	if !errors.Is(leaderErr, context.Canceled) || keptErr != nil {
-		t.Fatalf("leader: %v, kept: %v; want context.Canceled and nil", leaderErr, keptErr)
+	if err := <-kept; err != nil {
+		t.Fatalf("the write queued behind them: %v", err)
 	}
 	for key, want := range map[string]error{"leader": idemstore.ErrNotFound, "cancelled": idemstore.ErrNotFound, "kept": nil} {
 		if _, err := s.KeyGet(ctx, reserveParams(key, "").Identity); !errors.Is(err, want) {
