@@ -15,13 +15,15 @@ import (
 // pool; the store's write transactions use the write pool's through
 // Tx.StmtContext, which finds them prepared on the one write connection. A
 // store made by New prepares none (its schema may not exist yet) and sends
-// the text, as do the caller's transactions (CompleteTx, CheckpointTx).
+// the text. Transactions of KeyBeginTx use them too; the caller's own
+// (CompleteTx, CheckpointTx) send the text, as they may come from another
+// *sql.DB on the same file.
 
 // writeStatements are prepared on the write pool, readStatements on the
 // read pool.
 var (
 	writeStatements = []string{selectKey, insertKey, takeoverKey, expireLease, completeKey, releaseKey,
-		markUnknownKey, deleteKey, renewKey, failReconcileKey, resolveKey, purgeKey}
+		markUnknownKey, deleteKey, renewKey, failReconcileKey, resolveKey, purgeKey, checkpointKey}
 	readStatements = []string{selectKey}
 )
 
