@@ -3,12 +3,15 @@ package idemsqlite_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/benchkit"
 )
 
 // BenchmarkReserve measures reserving a new key: one write transaction,
@@ -52,6 +55,7 @@ func BenchmarkReserveParallel(b *testing.B) {
 			}
 		}
 	})
+	reportBatches(b, s)
 }
 
 // completedStore returns a store holding one completed record with a 1 KiB
@@ -98,4 +102,50 @@ func BenchmarkReplay(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkMiddlewareNewKey measures a request with a new key through the
+// middleware on the default store (synchronous=FULL), one at a time: the
+// latency of a lone request, which pays a durable reservation and a durable
+// completion.
+func BenchmarkMiddlewareNewKey(b *testing.B) {
+	h := idem.New(openStore(b, nil), nil)(benchkit.Handler)
+	i := 0
+	for b.Loop() {
+		i++
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, benchkit.RequestBody(fmt.Sprint("key-", i), benchkit.BodyN(int64(i))))
+		if w.Code != http.StatusCreated {
+			b.Fatal(w.Code, w.Body)
+		}
+	}
+}
+
+// BenchmarkMiddlewareNewKeyParallel measures requests with new keys through
+// the middleware on the default store from 16 goroutines per CPU, as a
+// loaded server sees them: all of them wait for SQLite's one writer.
+func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
+	s := openStore(b, nil)
+	h := idem.New(s, nil)(benchkit.Handler)
+	var n atomic.Int64
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, benchkit.RequestBody(fmt.Sprint("key-", i), benchkit.BodyN(i)))
+			if w.Code != http.StatusCreated {
+				b.Error(w.Code, w.Body)
+				return
+			}
+		}
+	})
+	reportBatches(b, s)
+}
+
+// reportBatches reports the writes per commit of s's group commit.
+func reportBatches(b *testing.B, s *idemsqlite.Store) {
+	if commits, writes := idemsqlite.BatchStats(s); commits > 0 {
+		b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+	}
 }

@@ -21,6 +21,12 @@ type Config struct {
 	// MaxReadConns bounds the read-only connections of Open, which serve
 	// KeyGet, KeyList and the replay path of KeyReserve. Defaults to 4.
 	MaxReadConns int
+	// MaxBatch bounds how many writes (reservations, completions and the
+	// other writes of a key) that arrive together share one transaction and
+	// so one commit: group commit, which spares an fsync per write under
+	// load. A lone write never waits for others. 1 commits every write on
+	// its own. Defaults to 64.
+	MaxBatch int
 }
 
 // withDefaults returns a copy of cfg with every default applied.
@@ -45,6 +51,9 @@ func (cfg *Config) withDefaults() (Config, error) {
 	}
 	if c.MaxReadConns <= 0 {
 		c.MaxReadConns = 4
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 64
 	}
 	return c, nil
 }

@@ -9,6 +9,12 @@
 // share the file (maintenance, the CLI), waiting up to BusyTimeout for the
 // lock.
 //
+// The store's writes commit in groups: writes that arrive while the writer
+// is busy share the next transaction, and so one fsync, instead of queueing
+// for one each (group commit, see batcher). A lone write commits at once;
+// none is answered before the commit that holds it; one write's failure
+// fails only that write. Config.MaxBatch bounds a group.
+//
 // CompleteTx completes a key inside the caller's transaction, so the
 // completion commits or rolls back with the business writes (transactional
 // mode).
@@ -48,6 +54,12 @@ type Store struct {
 	db, rdb *sql.DB
 	// owned reports that Close closes the pools (Open made them).
 	owned bool
+	// batch groups the store's writes into shared transactions (group
+	// commit, batch.go).
+	batch *batcher
+	// wst and rst are the statements prepared on db and rdb (prepared.go);
+	// empty for a store made by New.
+	wst, rst statements
 }
 
 var _ idemstore.Store = (*Store)(nil)
@@ -80,7 +92,7 @@ func Open(path string, cfg *Config) (*Store, error) {
 	db.SetConnMaxIdleTime(0)
 	db.SetConnMaxLifetime(0)
 
-	s := &Store{cfg: c, db: db, rdb: db, owned: true}
+	s := &Store{cfg: c, db: db, rdb: db, owned: true, batch: &batcher{db: db, max: c.MaxBatch}}
 	ctx, cancel := context.WithTimeout(context.Background(), c.BusyTimeout+10*time.Second)
 	defer cancel()
 	if _, err := s.Migrate(ctx); err != nil {
@@ -99,6 +111,12 @@ func Open(path string, cfg *Config) (*Store, error) {
 	rdb.SetMaxOpenConns(c.MaxReadConns)
 	rdb.SetMaxIdleConns(c.MaxReadConns)
 	s.rdb = rdb
+	if s.wst, err = prepareAll(ctx, db, writeStatements); err == nil {
+		s.rst, err = prepareAll(ctx, rdb, readStatements)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("idemsqlite: opening %s: preparing statements: %w", path, err), s.Close())
+	}
 	return s, nil
 }
 
@@ -115,7 +133,7 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{cfg: c, db: db, rdb: db}, nil
+	return &Store{cfg: c, db: db, rdb: db, batch: &batcher{db: db, max: c.MaxBatch}}, nil
 }
 
 // Close closes the connections Open made. For a store made by New it does
@@ -124,7 +142,7 @@ func (s *Store) Close() error {
 	if !s.owned {
 		return nil
 	}
-	err := s.rdb.Close()
+	err := errors.Join(s.wst.close(), s.rst.close(), s.rdb.Close())
 	if s.rdb != s.db {
 		err = errors.Join(err, s.db.Close())
 	}
@@ -277,7 +295,7 @@ func needsWrite(r *idemstore.Record, p *idemstore.ReserveParams, now time.Time) 
 // writes the record.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	now := s.now()
-	r, err := getRaw(ctx, s.rdb, p.Identity, now)
+	r, err := getRaw(ctx, s.reader(), p.Identity, now)
 	if err != nil {
 		return nil, interpretError("reserving key", err)
 	}
@@ -286,8 +304,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 
 	var res *idemstore.ReserveResult
-	err = s.writeTx(ctx, func(tx *sql.Tx) error {
-		now = s.now()
+	err = s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		if err != nil {
 			return err
@@ -326,17 +344,20 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	return res, nil
 }
 
-// writeTx runs f in a write transaction and commits it when f succeeds.
-func (s *Store) writeTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := f(tx); err != nil {
-		return errors.Join(err, rollback(tx))
-	}
-	return tx.Commit()
+// writeTx runs f in a write transaction, which it may share with other
+// writes that arrive together (group commit, see batcher), and returns once
+// that transaction committed (nil or f's error) or failed. f's writes
+// commit when f succeeds and are undone when it fails; f writes only
+// through tx (which runs the prepared statements through their
+// preparation), with the ctx it is given.
+func (s *Store) writeTx(ctx context.Context, f func(ctx context.Context, tx querier) error) error {
+	return s.batch.do(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return f(ctx, preparedQuerier{q: tx, tx: tx, st: s.wst})
+	})
 }
+
+// reader returns the read pool, with its prepared statements.
+func (s *Store) reader() querier { return preparedQuerier{q: s.rdb, st: s.rst} }
 
 // rollback rolls tx back, ignoring that it is already done.
 func rollback(tx *sql.Tx) error {
@@ -349,7 +370,7 @@ func rollback(tx *sql.Tx) error {
 // KeyGet implements idemstore.Store.
 func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
 	now := s.now()
-	r, err := getRaw(ctx, s.rdb, id, now)
+	r, err := getRaw(ctx, s.reader(), id, now)
 	if err != nil {
 		return nil, interpretError("getting key", err)
 	}
@@ -361,29 +382,37 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 
 // KeyComplete implements idemstore.Store.
 func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	return s.complete(ctx, s.db, p)
-}
-
-func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompleteParams) error {
 	status, header, body, nr, err := responseArgs(p.Response, p.NotReplayable)
 	if err != nil {
 		return err
 	}
-	return s.fencedExec(ctx, q, "completing key", completeKey, p.Identity, p.Token, status, header, body, nr)
+	return s.fencedWrite(ctx, "completing key", completeKey, p.Identity, p.Token, status, header, body, nr)
 }
 
-// fencedExec runs one fenced write with the identity as ?1-?3, the token as
-// ?4, now as ?5 and extra from ?6 on, and returns idemstore.ErrLeaseLost when
-// it changed no row.
+// fencedWrite runs one fenced write (see fenced) in a write transaction.
+func (s *Store) fencedWrite(ctx context.Context, op, query string, id idemstore.Identity, token string, extra ...any) error {
+	return interpretError(op, s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+		return s.fenced(ctx, tx, query, id, token, extra...)
+	}))
+}
+
+// fencedExec runs one fenced write (see fenced) on q.
 func (s *Store) fencedExec(ctx context.Context, q querier, op, query string, id idemstore.Identity, token string, extra ...any) error {
+	return interpretError(op, s.fenced(ctx, q, query, id, token, extra...))
+}
+
+// fenced runs one fenced write with the identity as ?1-?3, the token as ?4,
+// now as ?5 and extra from ?6 on, and returns idemstore.ErrLeaseLost when it
+// changed no row.
+func (s *Store) fenced(ctx context.Context, q querier, query string, id idemstore.Identity, token string, extra ...any) error {
 	args := append([]any{id.Scope, id.Endpoint, id.Key, token, micros(s.now())}, extra...)
 	res, err := q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return interpretError(op, err)
+		return err
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return interpretError(op, err)
+		return err
 	}
 	if n == 0 {
 		return idemstore.ErrLeaseLost
@@ -393,22 +422,22 @@ func (s *Store) fencedExec(ctx context.Context, q querier, op, query string, id 
 
 // KeyRelease implements idemstore.Store.
 func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.fencedExec(ctx, s.db, "releasing key", releaseKey, p.Identity, p.Token)
+	return s.fencedWrite(ctx, "releasing key", releaseKey, p.Identity, p.Token)
 }
 
 // KeyMarkUnknown implements idemstore.Store.
 func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.fencedExec(ctx, s.db, "marking key unknown", markUnknownKey, p.Identity, p.Token)
+	return s.fencedWrite(ctx, "marking key unknown", markUnknownKey, p.Identity, p.Token)
 }
 
 // KeyDelete implements idemstore.Store.
 func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
-	return s.fencedExec(ctx, s.db, "deleting key", deleteKey, p.Identity, p.Token)
+	return s.fencedWrite(ctx, "deleting key", deleteKey, p.Identity, p.Token)
 }
 
 // KeyRenew implements idemstore.Store.
 func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
-	return s.fencedExec(ctx, s.db, "renewing key", renewKey, p.Identity, p.Token, micros(s.now().Add(p.Lease)))
+	return s.fencedWrite(ctx, "renewing key", renewKey, p.Identity, p.Token, micros(s.now().Add(p.Lease)))
 }
 
 // KeyResolve implements idemstore.Store.
@@ -423,7 +452,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 			return err
 		}
 	}
-	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
@@ -513,7 +542,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 // KeyPurge implements idemstore.Store.
 func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	var purged *idemstore.Record
-	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
@@ -566,7 +595,7 @@ func sortClaimed(recs []*idemstore.Record) {
 
 // KeyReconcileFail implements idemstore.Store.
 func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
-	return s.fencedExec(ctx, s.db, "recording a reconciliation failure", failReconcileKey, p.Identity, p.Token,
+	return s.fencedWrite(ctx, "recording a reconciliation failure", failReconcileKey, p.Identity, p.Token,
 		idemstore.TruncateReconcileError(p.Error), micros(s.now().Add(p.Delay)))
 }
 

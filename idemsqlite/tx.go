@@ -33,13 +33,17 @@ type Tx struct {
 
 // KeyComplete is CompleteTx in this transaction.
 func (t *Tx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	return t.s.CompleteTx(ctx, t.tx, p)
+	return t.s.complete(ctx, t.q(), p)
 }
 
 // KeyCheckpoint is CheckpointTx in this transaction.
 func (t *Tx) KeyCheckpoint(ctx context.Context, p *idemstore.CheckpointParams) error {
-	return t.s.CheckpointTx(ctx, t.tx, p)
+	return t.s.fencedExec(ctx, t.q(), "checkpointing key", checkpointKey, p.Identity, p.Token, p.RecoveryPoint)
 }
+
+// q runs the store's prepared statements in the transaction: it was begun
+// on the store's write pool, where they are prepared.
+func (t *Tx) q() querier { return preparedQuerier{q: t.tx, tx: t.tx, st: t.s.wst} }
 
 // Commit commits the transaction.
 func (t *Tx) Commit(context.Context) error {
@@ -89,6 +93,15 @@ func TxFromContext(ctx context.Context) (*sql.Tx, error) {
 // store's database (see DB).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
 	return s.complete(ctx, tx, p)
+}
+
+// complete stores the response of p's attempt through q.
+func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompleteParams) error {
+	status, header, body, nr, err := responseArgs(p.Response, p.NotReplayable)
+	if err != nil {
+		return err
+	}
+	return s.fencedExec(ctx, q, "completing key", completeKey, p.Identity, p.Token, status, header, body, nr)
 }
 
 // CheckpointTx records p.RecoveryPoint as the last committed phase of the

@@ -1,0 +1,23 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+)
+
+// BatchStats returns how many group-commit transactions of s committed and
+// how many writes they held.
+func BatchStats(s *Store) (commits, writes int64) {
+	return s.batch.commits.Load(), s.batch.writes.Load()
+}
+
+// OnQueued makes s call f with the queue's length whenever a write joins the
+// queue of writes for the writer (the first of them leads the next batch).
+// Call it before using s.
+func OnQueued(s *Store, f func(n int)) { s.batch.queued = f }
+
+// WriteTx runs f as one write of the store, in a transaction it may share
+// with other writes (group commit).
+func WriteTx(s *Store, ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
+	return s.batch.do(ctx, f)
+}

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# proxy.sh: the end-to-end benchmark of `idem proxy` (run by hand, never in CI).
+#
+# Builds idem, the trivial upstream (cmd/idem/internal/loadgen/upstream) and a
+# bare httputil.ReverseProxy (cmd/idem/internal/loadgen/bareproxy), starts the
+# bare proxy and one `idem proxy` per store in front of the upstream, and
+# drives each with wrk (THREADS threads, CONNECTIONS connections) in
+# interleaved rounds: in every round, for each shape, every target runs once,
+# one after the other, so that all of them see the same load. Shapes:
+#
+#   new     every request a fresh Idempotency-Key (the proxy reserves,
+#           forwards and completes)
+#   replay  one key, sent first once to complete it, then repeated (the
+#           proxy answers from the store; the bare proxy forwards)
+#
+# Per shape and target it prints the throughput relative to the bare proxy
+# (the median of the rounds' ratios, and every round's), the median p50 and
+# p99 latency, and the CPU time per request (user + system, from
+# /proc/PID/stat) of the proxy process and of the store's server: the Redis
+# server, or the PostgreSQL backends of the proxy's connections (found by
+# application_name). SQLite runs in the proxy's process. STORES may also
+# name memory: the proxy without a store's cost, for reference.
+#
+# Settings (environment):
+#   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
+#   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT..PORT+4 are used)
+#   SQLITE_SYNC=FULL (or NORMAL)  WORKDIR (default: a new directory under
+#   /var/tmp; the SQLite file lives there, so it must not be tmpfs)
+#   IDEM_TEST_DATABASE_URL, IDEM_TEST_REDIS_URL (as the tests; the run uses
+#   its own schema and key prefix and removes them at the end)
+#
+#   scripts/bench/proxy.sh
+#   ROUNDS=5 DURATION=10s STORES=sqlite scripts/bench/proxy.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-6s}
+STORES=${STORES:-sqlite postgres redis}
+SHAPES=${SHAPES:-new replay}
+THREADS=${THREADS:-2}
+CONNECTIONS=${CONNECTIONS:-16}
+PORT=${PORT:-18900}
+SQLITE_SYNC=${SQLITE_SYNC:-FULL}
+PG_URL=${IDEM_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
+REDIS_URL=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
+TAG=idem_e2e_$$ # schema, application_name and Redis key prefix of this run
+
+log() { echo "proxy.sh: $*" >&2; }
+
+# wrk, installed as .ci/run installs its tools.
+if ! command -v wrk >/dev/null 2>&1; then
+	log "installing wrk"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+
+work=${WORKDIR:-$(mktemp -d /var/tmp/idem-e2e.XXXXXX)}
+mkdir -p "$work"
+if [ "$(df --output=fstype "$work" | tail -n 1)" = tmpfs ]; then
+	log "warning: $work is tmpfs: fsync is free there, SQLite's figures mean nothing"
+fi
+
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	if [[ " $STORES " == *" postgres "* ]]; then
+		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" >/dev/null 2>&1 || true
+	fi
+	if [[ " $STORES " == *" redis "* ]]; then
+		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG:*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
+	fi
+	[ -n "${WORKDIR:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+log "building into $work"
+go build -o "$work/idem" ./cmd/idem
+go build -o "$work/upstream" ./cmd/idem/internal/loadgen/upstream
+go build -o "$work/bareproxy" ./cmd/idem/internal/loadgen/bareproxy
+
+# with_param URL NAME=VALUE appends a query parameter.
+with_param() { if [[ $1 == *\?* ]]; then echo "$1&$2"; else echo "$1?$2"; fi; }
+
+# start NAME PORT COMMAND...: runs COMMAND in the background, logging to
+# $work/NAME.log, and waits until PORT accepts connections.
+declare -A pid_of
+start() {
+	local name=$1 port=$2
+	shift 2
+	"$@" >"$work/$name.log" 2>&1 &
+	pids+=("$!")
+	pid_of[$name]=$!
+	for _ in $(seq 1 100); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+	log "$name did not listen on $port; its log:"
+	cat "$work/$name.log" >&2
+	exit 1
+}
+
+upstream=http://127.0.0.1:$PORT
+start upstream "$PORT" "$work/upstream" --listen "127.0.0.1:$PORT"
+targets=(bare)
+declare -A port_of=([bare]=$((PORT + 1)))
+start bare "$((PORT + 1))" "$work/bareproxy" --listen "127.0.0.1:$((PORT + 1))" --upstream "$upstream"
+n=2
+for store in $STORES; do
+	case $store in
+	sqlite) url="sqlite:$work/proxy.db?synchronous=$SQLITE_SYNC" ;;
+	postgres) url=$(with_param "$(with_param "$PG_URL" "schema=$TAG")" "application_name=$TAG") ;;
+	redis) url=$(with_param "$REDIS_URL" "prefix=$TAG:") ;;
+	memory) url=memory: ;;
+	*) log "unknown store $store (want sqlite, postgres, redis, memory)"; exit 2 ;;
+	esac
+	port_of[$store]=$((PORT + n))
+	start "$store" "$((PORT + n))" "$work/idem" proxy --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
+	targets+=("$store")
+	n=$((n + 1))
+done
+
+# The wrk script: POSTs a JSON body with an Idempotency-Key; args[1] is the
+# key prefix, args[2] the shape. It prints one RESULT line: requests,
+# duration (µs), p50 and p99 latency (µs), socket errors, non-2xx answers.
+cat >"$work/idem.lua" <<'EOF'
+local threads = 0
+function setup(thread)
+	threads = threads + 1
+	thread:set("tid", threads)
+end
+
+local prefix, shape, n = "k", "new", 0
+wrk.method = "POST"
+wrk.body = '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}'
+wrk.headers["Content-Type"] = "application/json"
+
+function init(args)
+	prefix, shape = args[1], args[2]
+	wrk.headers["Idempotency-Key"] = prefix
+end
+
+function request()
+	if shape == "new" then
+		n = n + 1
+		wrk.headers["Idempotency-Key"] = prefix .. "-" .. tid .. "-" .. n
+	end
+	return wrk.format()
+end
+
+function done(summary, latency)
+	local e = summary.errors
+	io.write(string.format("RESULT %d %d %d %d %d %d\n", summary.requests, summary.duration,
+		latency:percentile(50), latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
+end
+EOF
+
+# ticks PID...: prints "PID utime+stime" (clock ticks) of each live PID.
+ticks() {
+	local pid
+	for pid in "$@"; do
+		[ -r "/proc/$pid/stat" ] || continue
+		# Fields after "PID (comm) ": utime and stime are the 12th and 13th.
+		sed 's/^.*) //' "/proc/$pid/stat" | awk -v pid="$pid" '{ print pid, $12 + $13 }'
+	done
+}
+
+# store_pids TARGET: the processes of TARGET's store server.
+redis_pid=
+if [[ " $STORES " == *" redis "* ]]; then
+	redis_pid=$(redis-cli -u "$REDIS_URL" info server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
+fi
+store_pids() {
+	case $1 in
+	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
+	redis) echo "$redis_pid" ;;
+	esac
+}
+
+# cpu_delta BEFORE AFTER: total ticks gained by the processes of AFTER
+# (a process missing from BEFORE started during the run: all its ticks).
+cpu_delta() {
+	awk 'NR == FNR { before[$1] = $2; next } { sum += $2 - before[$1] } END { print sum + 0 }' \
+		<(echo "$1") <(echo "$2")
+}
+
+hz=$(getconf CLK_TCK)
+results=$work/results
+
+# measure SHAPE TARGET ROUND: one wrk run; appends "shape target round rps
+# p50 p99 proxy_us store_us errors non2xx" to $results.
+measure() {
+	local shape=$1 target=$2 round=$3
+	local url="http://127.0.0.1:${port_of[$target]}/v1/payments"
+	local prefix="$TAG-$round-$target-$shape"
+	if [ "$shape" = replay ]; then
+		curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: $prefix" \
+			--data '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}' "$url"
+	fi
+	local pp=${pid_of[$target]} sp p0 s0 p1 s1 out
+	sp=$(store_pids "$target")
+	# shellcheck disable=SC2086 # sp is a list of PIDs
+	p0=$(ticks "$pp") s0=$(ticks $sp)
+	out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape")
+	sp=$(store_pids "$target")
+	# shellcheck disable=SC2086
+	p1=$(ticks "$pp") s1=$(ticks $sp)
+	echo "$out" | awk -v shape="$shape" -v target="$target" -v round="$round" -v hz="$hz" \
+		-v pt="$(cpu_delta "$p0" "$p1")" -v st="$(cpu_delta "$s0" "$s1")" -v store="$sp" '
+		$1 == "RESULT" {
+			us = 1e6 / hz / $2
+			printf "%s %s %s %.0f %d %d %.1f %s %d %d\n", shape, target, round, $2 / ($3 / 1e6), $4, $5,
+				pt * us, store == "" ? "-" : sprintf("%.1f", st * us), $6, $7
+		}' | tee -a "$results" >&2
+}
+
+log "warming up"
+for target in "${targets[@]}"; do
+	wrk -t "$THREADS" -c "$CONNECTIONS" -d 1s -s "$work/idem.lua" \
+		"http://127.0.0.1:${port_of[$target]}/v1/payments" -- "$TAG-warm-$target" new >/dev/null
+done
+
+log "$ROUNDS rounds of $DURATION per target and shape; per run: shape target round req/s p50_us p99_us proxy_cpu_us store_cpu_us errors non2xx"
+for round in $(seq 1 "$ROUNDS"); do
+	for shape in $SHAPES; do
+		for target in "${targets[@]}"; do
+			measure "$shape" "$target" "$round"
+		done
+	done
+done
+
+echo "idem proxy against a bare reverse proxy: commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+dirty'), $(date -u +%Y-%m-%d)"
+echo "wrk -t $THREADS -c $CONNECTIONS, $ROUNDS rounds of $DURATION, SQLite synchronous=$SQLITE_SYNC, load average $(cut -d ' ' -f 1-3 /proc/loadavg) at the end"
+echo
+echo "| shape | target | vs bare (median) | rounds | req/s | p50 | p99 | proxy CPU/req | vs bare's | store CPU/req (vs bare proxy's) | errors, non-2xx |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+awk '
+function median(a, n,   i, j, t) {
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+function ms(us) { return sprintf("%.2f ms", us / 1000) }
+{
+	k = $1 SUBSEP $2
+	if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+	r = ++count[k]
+	rps[k, r] = $4; p50[k, r] = $5; p99[k, r] = $6; pcpu[k, r] = $7; scpu[k, r] = $8
+	bad[k] += $9; non2xx[k] += $10; round[k, r] = $3
+	if ($2 == "bare") bare[$1, $3] = $4
+}
+END {
+	for (i = 1; i <= n; i++) {
+		k = order[i]; split(k, f, SUBSEP); shape = f[1]; target = f[2]; c = count[k]
+		rounds = ""
+		for (r = 1; r <= c; r++) {
+			q[r] = rps[k, r] / bare[shape, round[k, r]]
+			rounds = rounds sprintf("%s%.2f", r > 1 ? " " : "", q[r])
+		}
+		ratio = median(q, c)
+		for (r = 1; r <= c; r++) a[r] = rps[k, r]; thr = median(a, c)
+		for (r = 1; r <= c; r++) a[r] = p50[k, r]; l50 = median(a, c)
+		for (r = 1; r <= c; r++) a[r] = p99[k, r]; l99 = median(a, c)
+		for (r = 1; r <= c; r++) a[r] = pcpu[k, r]; pc = median(a, c)
+		if (target == "bare") barecpu[shape] = pc
+		sc = "–"
+		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
+		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %d, %d |\n", shape,
+			target == "bare" ? "bare reverse proxy" : "idem, " target, ratio, rounds, thr, ms(l50), ms(l99),
+			pc, pc / barecpu[shape], sc, bad[k], non2xx[k]
+	}
+}' "$results"
