@@ -118,14 +118,6 @@ func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt
 	}
 }
 
-// release releases the key so a retry re-executes.
-func (m *middleware) release(ctx context.Context, a *attempt) error {
-	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-	var err error
-	m.finishStore(ctx, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
-	return err
-}
-
 func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
 	p := &a.complete
 	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
@@ -195,25 +187,6 @@ var errHandlerPanicked = errors.New("idem: handler panicked")
 
 var errCommitReleased = errors.New("commit failed, key released")
 
-// finishStore runs a fenced write after the handler on a context detached
-// from the client's: a client that hangs up does not stop it.
-func (m *middleware) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) {
-	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
-	defer a.ops.disarm()
-	ctx, end := m.span(ctx, "idem.complete")
-	start := m.clockStart()
-	err := f(ctx)
-	m.storeCall(op, start, err)
-	end(err)
-	switch {
-	case err == nil:
-	case errors.Is(err, idemstore.ErrLeaseLost):
-		m.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-	default:
-		m.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-	}
-}
-
 // storedHeader returns the headers of h that are stored for replay. When
 // all of them are (a handler that sets Content-Type and Location, say), it
 // returns h itself: stores copy or serialise what they keep, and nothing
@@ -253,30 +226,6 @@ type execution struct {
 	txOnce sync.Once
 	tx     idemstore.Tx
 	txErr  error
-}
-
-// beginTx returns the function that begins the request's business
-// transaction once, on first use.
-func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
-	return func() (idemstore.Tx, error) {
-		a.txOnce.Do(func() {
-			a.tx, a.txErr = a.m.txStore.KeyBeginTx(ctx)
-		})
-		return a.tx, a.txErr
-	}
-}
-
-// rollback rolls back the business transaction if one was begun.
-func (a *attempt) rollback(ctx context.Context) {
-	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
-	if a.tx == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.m.cfg.StoreTimeout)
-	defer cancel()
-	if err := a.tx.Rollback(ctx); err != nil {
-		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
-	}
 }
 
 // bodyReader gives the handler the body the middleware read.

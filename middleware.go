@@ -1,19 +1,14 @@
 package idem
 
 import (
-	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem/idemcrypt"
@@ -164,15 +159,6 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.decide(w, r, next, a)
 }
 
-// span starts a child span when tracing is on; the returned end is never nil.
-func (m *middleware) span(ctx context.Context, name string) (context.Context, func(error)) {
-	if m.cfg.Tracer == nil {
-		return ctx, func(error) {}
-	}
-	ctx, s := m.cfg.Tracer.Start(ctx, name)
-	return ctx, s.End
-}
-
 // decide reserves the key and answers by the record's state; it runs the
 // handler when this request won the reservation.
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
@@ -252,31 +238,6 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 }
 
-func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
-	a.token = newToken()
-	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
-	defer a.ops.disarm()
-	ctx, end := m.span(ctx, "idem.reserve")
-	start := m.clockStart()
-	defer func() {
-		m.storeCall("reserve", start, err)
-		end(err)
-	}()
-	expired := idemstore.StateUnknown
-	if m.txStore != nil {
-		expired = idemstore.StateReleased
-	}
-	a.params = idemstore.ReserveParams{
-		Identity:          a.id,
-		Fingerprint:       a.fp,
-		Token:             a.token,
-		Lease:             m.cfg.Lease,
-		TTL:               m.cfg.TTL,
-		LeaseExpiredState: expired,
-	}
-	return m.store.KeyReserve(ctx, &a.params)
-}
-
 // storeFailed fails closed: 503 unless the development fail-open switch is on.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, op string, err error) {
 	a.decision(DecisionStoreError)
@@ -316,23 +277,6 @@ func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *id
 		"A request with this Idempotency-Key is in progress. Retry later.", retry)
 }
 
-// retryAfter estimates the remaining work of an in-progress attempt in whole
-// seconds: as long again as it has run so far (a running attempt renews its
-// lease, so the lease end says little), at least 1 s and at most the rest of
-// the current lease.
-func retryAfter(now time.Time, rec *idemstore.Record) int {
-	est := now.Sub(rec.StartedAt)
-	if rest := rec.LockedUntil.Sub(now); est > rest {
-		est = rest
-	}
-	secs := int((est + time.Second - 1) / time.Second)
-	return max(secs, 1)
-}
-
-func (m *middleware) unknownRetryAfter() int {
-	return max(int(m.cfg.Lease/time.Second), 1)
-}
-
 func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
 	if rec.NotReplayable || rec.Response == nil {
 		a.decision(DecisionNotReplayable)
@@ -358,21 +302,6 @@ func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Re
 	h[HeaderReplayed] = values // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
-}
-
-// clockStart starts timing a store call, when there are Metrics to tell.
-func (m *middleware) clockStart() time.Time {
-	if !m.timed {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// storeCall reports a store call started at start to Metrics.
-func (m *middleware) storeCall(op string, start time.Time, err error) {
-	if m.timed {
-		m.cfg.Metrics.StoreCall(op, time.Since(start), err)
-	}
 }
 
 func (m *middleware) endpoint(r *http.Request) string {
@@ -440,46 +369,3 @@ func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err err
 		}
 	}
 }
-
-// newToken returns a fresh fencing token: 128 bits from the runtime's
-// ChaCha8 generator, seeded from the operating system. A token must be
-// unique, not secret: it never leaves the server, and a store compares it
-// only with the tokens it handed out.
-func newToken() string {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
-	var h [32]byte
-	hex.Encode(h[:], b[:])
-	return string(h[:])
-}
-
-// attempt is one request's claim on a record.
-type attempt struct {
-	m        *middleware
-	id       idemstore.Identity
-	fp       string
-	fpCached bool // fp came from the fingerprint cache, or went into it
-	token    string
-	unknown  atomic.Bool
-	rejected atomic.Bool
-	span     Span // nil without a Tracer
-
-	// Embedded so that one allocation serves the whole request.
-	body   []byte
-	ops    opCtx // the context of the store calls
-	params idemstore.ReserveParams
-	// *execution is set when the request runs the handler.
-	*execution
-}
-
-// decision reports what the middleware decided for this request.
-func (a *attempt) decision(d Decision) {
-	a.m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
-	if a.span != nil {
-		a.span.SetAttribute("idem.decision", string(d))
-	}
-}
-
-// keyHash names the record in logs without revealing the key.
-func (a *attempt) keyHash() string { return a.id.LogHash() }
