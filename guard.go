@@ -20,7 +20,7 @@ import (
 // mode, transactional mode and phases, metrics and tracing the middleware
 // has. A Guard is safe for concurrent use.
 type Guard struct {
-	m *middleware
+	c *core
 }
 
 // NewGuard returns a Guard on store. A nil cfg means all defaults (see
@@ -34,7 +34,7 @@ type Guard struct {
 // New, it panics when Config.Transactional is set and store does not
 // implement idemstore.TxStore.
 func NewGuard(store idemstore.Store, cfg *Config) *Guard {
-	return &Guard{m: newMiddleware(store, cfg)}
+	return &Guard{c: newCore(store, cfg)}
 }
 
 // Call names one protected call and fingerprints its request.
@@ -116,24 +116,24 @@ type Result struct {
 // cancellation: a caller that gives up does not stop the result from being
 // stored.
 func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context) (Result, error)) (res Result, replayed bool, err error) {
-	m := g.m
-	if err := checkKey(call.Key, m.cfg.MinKeyLength); err != nil {
+	c := g.c
+	if err := checkKey(call.Key, c.cfg.MinKeyLength); err != nil {
 		return Result{}, false, err
 	}
-	a := &attempt{m: m, id: call.Identity, fp: call.Fingerprint}
-	if m.cfg.Tracer != nil {
+	a := &attempt{c: c, id: call.Identity, fp: call.Fingerprint}
+	if c.cfg.Tracer != nil {
 		var span Span
-		ctx, span = m.cfg.Tracer.Start(ctx, "idem.request")
+		ctx, span = c.cfg.Tracer.Start(ctx, "idem.request")
 		span.SetAttribute("idem.endpoint", call.Endpoint)
 		span.SetAttribute("idem.key_hash", a.keyHash())
 		a.span = span
 		defer func() { span.End(err) }()
 	}
-	v := m.claim(ctx, a)
+	v := c.claim(ctx, a)
 	switch v.d {
 	case DecisionCreated, DecisionReleasedRetried:
 		if v.held {
-			defer m.limits.done(a.id.Scope)
+			defer c.limits.done(a.id.Scope)
 		}
 		return g.execute(ctx, a, v.rec, fn)
 	case DecisionReplayed:
@@ -142,8 +142,8 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 		// caller gets copies it may change.
 		return Result{Status: resp.Status, Meta: cloneMeta(resp.Header), Body: slices.Clone(resp.Body)}, true, nil
 	case DecisionStoreError:
-		if m.cfg.FailOpen {
-			m.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", v.err)
+		if c.cfg.FailOpen {
+			c.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", v.err)
 			res, err := fn(ctx)
 			return res, false, err
 		}
@@ -184,24 +184,8 @@ func cloneMeta(h map[string][]string) map[string][]string {
 	return h
 }
 
-// verdict is what claim decided for an attempt.
-type verdict struct {
-	d Decision
-	// rec is the reserved record (DecisionCreated, DecisionReleasedRetried)
-	// or the completed record to replay (DecisionReplayed).
-	rec *idemstore.Record
-	// retry is the Retry-After of a refusal, in whole seconds.
-	retry int
-	// err is the store's error (DecisionStoreError) or the caller's context
-	// error when it gave up waiting (DecisionInProgress).
-	err error
-	// held reports that the attempt holds a per-scope in-progress slot,
-	// which the caller returns with m.limits.done when the attempt ends.
-	held bool
-}
-
 // error returns the *Error of a verdict that did not run the function.
-func (v verdict) error() error {
+func (v *verdict) error() error {
 	e := &Error{RetryAfter: time.Duration(v.retry) * time.Second, Cause: v.err}
 	switch v.d {
 	case DecisionKeyReused:
@@ -220,92 +204,12 @@ func (v verdict) error() error {
 	return e
 }
 
-// claim reserves the attempt's key and decides, by the record's state, what
-// the caller does: run (the attempt holds the lease), replay, or refuse. In
-// wait mode it blocks on an in-progress record up to Config.Wait. Every
-// decision is reported to Metrics and the span.
-func (m *middleware) claim(ctx context.Context, a *attempt) (v verdict) {
-	if m.limits != nil {
-		ok, retry := m.limits.admit(a.id.Scope, m.cfg.Now())
-		if !ok {
-			a.decision(DecisionTooManyKeys)
-			return verdict{d: DecisionTooManyKeys, retry: retry}
-		}
-		defer func() {
-			if v.rec != nil && v.d != DecisionReplayed {
-				v.held = true
-			} else {
-				m.limits.refund(a.id.Scope)
-			}
-		}()
-	}
-	var deadline <-chan time.Time
-	for {
-		res, err := m.reserve(ctx, a)
-		if err != nil {
-			a.decision(DecisionStoreError)
-			if !m.cfg.FailOpen {
-				m.log.Error("idem: store unavailable", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-			}
-			return verdict{d: DecisionStoreError, retry: 1, err: err}
-		}
-		rec := res.Record
-		if res.Reserved {
-			d := DecisionCreated
-			if rec.Attempts > 1 {
-				d = DecisionReleasedRetried
-			}
-			a.decision(d)
-			return verdict{d: d, rec: rec}
-		}
-		if rec.Fingerprint != a.fp {
-			a.decision(DecisionKeyReused)
-			m.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
-			return verdict{d: DecisionKeyReused}
-		}
-		switch rec.State {
-		case idemstore.StateCompleted:
-			if rec.NotReplayable || rec.Response == nil {
-				a.decision(DecisionNotReplayable)
-				return verdict{d: DecisionNotReplayable}
-			}
-			a.decision(DecisionReplayed)
-			return verdict{d: DecisionReplayed, rec: rec}
-		case idemstore.StateUnknown:
-			a.decision(DecisionUnknown)
-			m.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
-			return verdict{d: DecisionUnknown, retry: m.unknownRetryAfter()}
-		}
-		// In progress (or released but not re-claimable, which a correct
-		// store never returns with a matching fingerprint).
-		if m.cfg.Wait <= 0 {
-			a.decision(DecisionInProgress)
-			return verdict{d: DecisionInProgress, retry: retryAfter(m.cfg.Now(), rec)}
-		}
-		if deadline == nil {
-			t := time.NewTimer(m.cfg.Wait)
-			defer t.Stop()
-			deadline = t.C
-		}
-		if !m.wait(ctx, a, rec, deadline) {
-			a.decision(DecisionInProgress)
-			return verdict{d: DecisionInProgress, retry: retryAfter(m.cfg.Now(), rec), err: ctx.Err()}
-		}
-	}
-}
-
-// execute runs fn under the lease the attempt holds and records its outcome.
+// execute runs fn under the lease the attempt holds on rec and records
+// its outcome.
 func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, fn func(context.Context) (Result, error)) (res Result, replayed bool, err error) {
-	m := g.m
-	a.execution = new(execution)
-	a.renewer.start(a)
-	a.recoveryPoint = rec.RecoveryPoint
-	a.hctx = attemptCtx{Context: ctx, a: a}
-	var fctx context.Context = &a.hctx
-	if m.txStore != nil {
-		fctx = idemstore.ContextWithTx(fctx, a.beginTx(context.WithoutCancel(ctx)))
-	}
-	defer m.hub.publish(a.id)
+	c := g.c
+	fctx := a.begin(ctx, rec)
+	defer c.hub.publish(a.id)
 
 	panicked := true
 	endFn := func(error) {}
@@ -316,141 +220,55 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 		}
 		v := recover() // nil after runtime.Goexit
 		endFn(errHandlerPanicked)
-		if m.txStore != nil {
-			a.rollbackCtx(ctx)
-			m.finishCtx(ctx, a, "release", m.store.KeyRelease)
-			m.log.Error("idem: function panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+		o := afterHandler(handled{panicked: true}, ProfileIETF, c.txStore != nil)
+		c.record(ctx, a, o, nil)
+		if o.record == recordReleased {
+			c.log.Error("idem: function panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
 		} else {
-			m.finishCtx(ctx, a, "mark_unknown", m.store.KeyMarkUnknown)
-			m.log.Error("idem: function panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			c.log.Error("idem: function panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
 		}
 		if v != nil {
 			panic(v)
 		}
 	}()
-	fctx, endFn = m.span(fctx, "idem.handler")
+	fctx, endFn = c.span(fctx, "idem.handler")
 	res, err = fn(fctx)
 	endFn(err)
 	panicked = false
 	a.renewer.stop()
 
-	switch {
-	case a.rejected.Load():
-		a.rollbackCtx(ctx)
-		m.finishCtx(ctx, a, "delete", m.store.KeyDelete)
-		return res, false, err
-	case a.unknown.Load():
-		a.rollbackCtx(ctx)
-		m.finishCtx(ctx, a, "mark_unknown", m.store.KeyMarkUnknown)
-		return res, false, err
-	case err != nil:
-		a.rollbackCtx(ctx)
-		m.finishCtx(ctx, a, "release", m.store.KeyRelease)
-		return res, false, err
-	}
-	p := &a.complete
-	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
-	if res.NotReplayable || int64(len(res.Body)) > m.cfg.MaxResponse {
-		p.NotReplayable = true
-	} else {
-		status := res.Status
-		if status == 0 {
-			status = 200
-		}
-		a.response = idemstore.Response{Status: status, Header: res.Meta, Body: res.Body}
-		p.Response = &a.response
-		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(res.Body))
-	}
-	if m.txStore != nil {
-		if err := m.completeTxCtx(ctx, a, p); err != nil {
-			return Result{}, false, err
-		}
-		return res, false, nil
-	}
-	if err := m.finishCtx(ctx, a, "complete", func(ctx context.Context, _ *idemstore.FinishParams) error {
-		return m.store.KeyComplete(ctx, p)
-	}); err != nil {
-		return res, false, &Error{Kind: ErrNotRecorded, Cause: err}
-	}
-	return res, false, nil
-}
-
-// finishCtx runs a fenced write after the function on a context detached
-// from ctx's cancellation, bounded by Config.StoreTimeout, and logs a
-// failure. It returns the store's error.
-func (m *middleware) finishCtx(ctx context.Context, a *attempt, op string, f func(context.Context, *idemstore.FinishParams) error) error {
-	sctx := a.ops.arm(ctx, m.cfg.StoreTimeout)
-	defer a.ops.disarm()
-	sctx, end := m.span(sctx, "idem.complete")
-	start := m.clockStart()
-	err := f(sctx, &idemstore.FinishParams{Identity: a.id, Token: a.token})
-	m.storeCall(op, start, err)
-	end(err)
-	switch {
-	case err == nil:
-	case errors.Is(err, idemstore.ErrLeaseLost):
-		m.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-	default:
-		m.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-	}
-	return err
-}
-
-// completeTxCtx writes the completion in the business transaction and
-// commits it. When that fails nothing took effect: the key is released and
-// the error says why (ErrInProgress after a lost lease, else
-// ErrStoreUnavailable).
-func (m *middleware) completeTxCtx(ctx context.Context, a *attempt, p *idemstore.CompleteParams) error {
-	release := func() error { return m.finishCtx(ctx, a, "release", m.store.KeyRelease) }
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-	defer cancel()
-	cctx, end := m.span(cctx, "idem.complete")
-	tx, err := a.beginTx(context.WithoutCancel(ctx))()
-	released := false
-	if err == nil {
-		err = tx.KeyComplete(cctx, p)
-		if err == nil {
-			start := m.clockStart()
-			err = tx.Commit(cctx)
-			m.storeCall("commit", start, err)
-			if err != nil {
-				// Releasing is safe whatever the commit did: the release is
-				// fenced on an in_progress record, and a committed
-				// completion is not in progress any more.
-				released = release() == nil
+	o := afterHandler(handled{
+		failed:   err != nil,
+		streamed: res.NotReplayable || int64(len(res.Body)) > c.cfg.MaxResponse,
+		rejected: a.rejected.Load(),
+		unknown:  a.unknown.Load(),
+	}, ProfileIETF, c.txStore != nil)
+	var p *idemstore.CompleteParams
+	if o.record == recordCompleted || o.record == recordNotReplayable {
+		p = &a.complete
+		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable}
+		if o.record == recordCompleted {
+			status := res.Status
+			if status == 0 {
+				status = 200
 			}
-		} else {
-			a.rollbackCtx(ctx)
+			a.response = idemstore.Response{Status: status, Header: res.Meta, Body: res.Body}
+			p.Response = &a.response
+			c.cfg.Metrics.ResponseStored(a.id.Endpoint, len(res.Body))
 		}
 	}
-	end(err)
+	rerr := c.record(ctx, a, o, p)
 	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, idemstore.ErrLeaseLost):
-		m.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-		return &Error{Kind: ErrInProgress, RetryAfter: time.Second, Cause: err}
-	}
-	m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-	if !released {
-		release()
-	}
-	return &Error{Kind: ErrStoreUnavailable, RetryAfter: time.Second, Cause: err}
-}
-
-// rollbackCtx rolls back the business transaction if one was begun, and
-// makes sure none begins afterwards.
-func (a *attempt) rollbackCtx(ctx context.Context) {
-	if a.m.txStore == nil {
-		return
-	}
-	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx })
-	if a.tx == nil {
-		return
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.m.cfg.StoreTimeout)
-	defer cancel()
-	if err := a.tx.Rollback(rctx); err != nil {
-		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	case rerr == nil || p == nil:
+		// Only a completion's failure changes the answer: after an
+		// error, a rejection or an unknown outcome, fn's own answer
+		// stands (the record turns unknown if the write did not happen).
+		return res, false, err
+	case c.txStore == nil:
+		return res, false, &Error{Kind: ErrNotRecorded, Cause: rerr}
+	case errors.Is(rerr, idemstore.ErrLeaseLost):
+		return Result{}, false, &Error{Kind: ErrInProgress, RetryAfter: time.Second, Cause: rerr}
+	default:
+		return Result{}, false, &Error{Kind: ErrStoreUnavailable, RetryAfter: time.Second, Cause: rerr}
 	}
 }
