@@ -384,3 +384,44 @@ func TestGuardTransactional(t *testing.T) {
 		t.Fatalf("RunPhases in Do: %v, %v", phases, err)
 	}
 }
+
+// TestGuardMetricsAndTracing: a Guard reports the middleware's decisions,
+// store calls and spans.
+func TestGuardMetricsAndTracing(t *testing.T) {
+	t.Parallel()
+	m := &countingMetrics{decisions: map[idem.Decision]int{}, ops: map[string]int{}}
+	tr := &recordingTracer{attrs: map[string]string{}}
+	b := setupGuard(t, idem.Config{Metrics: m, Tracer: tr})
+	b.run(callOne, func(context.Context) (idem.Result, error) { return idem.Result{}, errors.New("no") }) // created, released
+	b.run(callOne, okResult)                                                                              // released_retried, completed
+	b.run(callOne, okResult)                                                                              // replayed
+	other := callOne
+	other.Fingerprint = "fp-2"
+	b.run(other, okResult) // key_reused
+	b.store.failReserve.Store(true)
+	b.run(callOne, okResult) // store_error
+	want := map[idem.Decision]int{
+		idem.DecisionCreated: 1, idem.DecisionReleasedRetried: 1, idem.DecisionReplayed: 1,
+		idem.DecisionKeyReused: 1, idem.DecisionStoreError: 1,
+	}
+	for d, n := range want {
+		if m.decisions[d] != n {
+			t.Errorf("%s = %d, want %d (all: %v)", d, m.decisions[d], n, m.decisions)
+		}
+	}
+	if m.ops["reserve"] != 5 || m.ops["release"] != 1 || m.ops["complete"] != 1 {
+		t.Errorf("store calls %v", m.ops)
+	}
+	wantSpans := "[idem.reserve idem.handler idem.complete idem.request]"
+	if got := fmt.Sprint(tr.spans[:4]); got != wantSpans {
+		t.Errorf("spans of the first call %s, want %s", got, wantSpans)
+	}
+	if tr.attrs["idem.endpoint"] != "/pkg.Svc/Charge" || len(tr.attrs["idem.key_hash"]) != 16 {
+		t.Errorf("attributes %v", tr.attrs)
+	}
+	for _, v := range tr.attrs {
+		if strings.Contains(v, "key-one") {
+			t.Fatal("a span attribute carries the raw key")
+		}
+	}
+}
