@@ -6,6 +6,12 @@
 // answers every retry of the same request with the stored response and
 // Idempotent-Replayed: true.
 //
+// The decision logic is not tied to HTTP: a Guard (NewGuard) runs any
+// function at most once per key with the same states, leases, wait and
+// transactional modes, and the middleware is one adapter on it. Do runs a
+// typed Go function through a Guard, its payload fingerprinted as RFC 8785
+// canonical JSON and its result stored as JSON.
+//
 // The behaviour follows draft-ietf-httpapi-idempotency-key-header, Stripe's
 // idempotent requests and Brandur Leach's atomic phases. Stores live in
 // sibling packages (idemsqlite, idempgx, idemredis, idemmem) and implement

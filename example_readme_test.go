@@ -112,3 +112,37 @@ func Example_readmeStandardClientWithKey() {
 	// 201
 	// 201 true
 }
+
+// The README's "Plain functions": a webhook receiver credits an event once
+// however often the provider delivers it.
+func Example_readmePlainFunctions() {
+	store := idemmem.New(nil) // idemsqlite, idempgx or idemredis in production
+	// README
+	guard := idem.NewGuard(store, nil)
+	ctx := context.Background()
+
+	type Event struct {
+		ID      string `json:"id"`
+		Account string `json:"account"`
+		Cents   int    `json:"amount_cents"`
+		Attempt int    `json:"delivery_attempt"` // changes on every redelivery
+	}
+	credit := func(ctx context.Context, e Event) (string, error) {
+		fmt.Println("crediting", e.Account, e.Cents)
+		return "credit_1", nil
+	}
+	for attempt := 1; attempt <= 3; attempt++ { // the provider delivers the event three times
+		e := Event{ID: "evt_123", Account: "acct_9", Cents: 500, Attempt: attempt}
+		id, err := idem.Do(ctx, guard, e.ID, "webhook payment.succeeded", e,
+			func(ctx context.Context) (string, error) { return credit(ctx, e) },
+			idem.WithScope("provider-x"),
+			idem.WithFingerprint(idem.FingerprintConfig{Exclude: []string{"delivery_attempt"}}))
+		fmt.Println(id, err)
+	}
+	// README
+	// Output:
+	// crediting acct_9 500
+	// credit_1 <nil>
+	// credit_1 <nil>
+	// credit_1 <nil>
+}

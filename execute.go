@@ -2,9 +2,7 @@ package idem
 
 import (
 	"bytes"
-	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 
@@ -22,19 +20,12 @@ var neverStored = map[string]bool{
 
 // execute runs the handler under the lease this request holds.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
-	a.execution = new(execution)
+	ctx := a.begin(r.Context(), rec)
+	stopRenew := a.renewer.stop
 	rw := &a.rec
 	*rw = recorder{w: w, max: m.cfg.MaxResponse}
 	a.bodyReader.Reset(a.body)
 	r.Body = &a.bodyReader
-	a.renewer.start(a)
-	stopRenew := a.renewer.stop
-	a.recoveryPoint = rec.RecoveryPoint
-	a.hctx = attemptCtx{Context: r.Context(), a: a}
-	var ctx context.Context = &a.hctx
-	if m.txStore != nil {
-		ctx = idemstore.ContextWithTx(ctx, a.beginTx(context.WithoutCancel(r.Context())))
-	}
 	defer m.hub.publish(a.id)
 
 	panicked := true
@@ -93,37 +84,26 @@ func (m *middleware) finished(w http.ResponseWriter, r *http.Request, a *attempt
 	rw.finish()
 }
 
-// complete records the outcome the policy chose (afterHandler): in
-// transactional mode a completion commits with the business transaction,
-// and every other outcome rolls it back first.
+// complete records the outcome the policy chose (afterHandler) with the
+// core. When a transactional completion did not commit, the buffered
+// response is replaced by a problem: the client never sees success for
+// writes that did not commit.
 func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, o outcome) {
-	if o.rollback {
-		a.rollback(r.Context())
+	var p *idemstore.CompleteParams
+	if o.record == recordCompleted || o.record == recordNotReplayable {
+		p = m.completeParams(r, a, rw, o.record)
 	}
-	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-	switch o.record {
-	case recordDropped:
-		m.finishStore(r.Context(), a, "delete", func(ctx context.Context) error { return m.store.KeyDelete(ctx, finish) })
-	case recordUnknown:
-		m.finishStore(r.Context(), a, "mark_unknown", func(ctx context.Context) error { return m.store.KeyMarkUnknown(ctx, finish) })
-	case recordReleased:
-		m.release(r.Context(), a)
-	default:
-		if m.txStore != nil {
-			m.completeTx(w, r, a, rw, o.record)
-			return
-		}
-		p := m.completeParams(r, a, rw, o.record)
-		m.finishStore(r.Context(), a, "complete", func(ctx context.Context) error { return m.store.KeyComplete(ctx, p) })
+	err := m.record(r.Context(), a, o, p)
+	if err == nil || p == nil || m.txStore == nil || !rw.discard() {
+		return
 	}
-}
-
-// release releases the key so a retry re-executes.
-func (m *middleware) release(ctx context.Context, a *attempt) error {
-	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
-	var err error
-	m.finishStore(ctx, a, "release", func(ctx context.Context) error { err = m.store.KeyRelease(ctx, finish); return err })
-	return err
+	if errors.Is(err, idemstore.ErrLeaseLost) {
+		m.writeProblem(w, http.StatusConflict, CodeKeyInUse,
+			"This attempt lost its lease to a newer one and was rolled back. Retry to get the result.", 1)
+		return
+	}
+	m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		"The request could not be committed and had no effect. Retry later.", 1)
 }
 
 func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
@@ -142,77 +122,7 @@ func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, r
 	return p
 }
 
-// completeTx completes a transactional attempt: the completion is written
-// in the business transaction and committed before the response is sent.
-// When that fails the response is replaced by a problem and the key
-// released, so the client never sees success for writes that did not
-// commit.
-func (m *middleware) completeTx(w http.ResponseWriter, r *http.Request, a *attempt, rw *recorder, rec recordAs) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.StoreTimeout)
-	defer cancel()
-	ctx, end := m.span(ctx, "idem.complete")
-	tx, err := a.beginTx(context.WithoutCancel(r.Context()))()
-	if err == nil {
-		err = tx.KeyComplete(ctx, m.completeParams(r, a, rw, rec))
-		if err == nil {
-			start := m.clockStart()
-			err = tx.Commit(ctx)
-			m.storeCall("commit", start, err)
-			if err != nil {
-				// Releasing is safe whatever the commit did: the release is
-				// fenced on an in_progress record, and a committed
-				// completion is not in progress any more.
-				if m.release(r.Context(), a) == nil {
-					err = fmt.Errorf("%w: %w", errCommitReleased, err)
-				}
-			}
-		} else {
-			a.rollback(r.Context())
-		}
-	}
-	end(err)
-	switch {
-	case err == nil:
-	case errors.Is(err, idemstore.ErrLeaseLost):
-		m.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-		if rw.discard() {
-			m.writeProblem(w, http.StatusConflict, CodeKeyInUse,
-				"This attempt lost its lease to a newer one and was rolled back. Retry to get the result.", 1)
-		}
-	default:
-		m.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-		if !errors.Is(err, errCommitReleased) {
-			m.release(r.Context(), a)
-		}
-		if rw.discard() {
-			m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
-				"The request could not be committed and had no effect. Retry later.", 1)
-		}
-	}
-}
-
 var errHandlerPanicked = errors.New("idem: handler panicked")
-
-var errCommitReleased = errors.New("commit failed, key released")
-
-// finishStore runs a fenced write after the handler on a context detached
-// from the client's: a client that hangs up does not stop it.
-func (m *middleware) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) {
-	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
-	defer a.ops.disarm()
-	ctx, end := m.span(ctx, "idem.complete")
-	start := m.clockStart()
-	err := f(ctx)
-	m.storeCall(op, start, err)
-	end(err)
-	switch {
-	case err == nil:
-	case errors.Is(err, idemstore.ErrLeaseLost):
-		m.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
-	default:
-		m.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
-	}
-}
 
 // storedHeader returns the headers of h that are stored for replay. When
 // all of them are (a handler that sets Content-Type and Location, say), it
@@ -253,30 +163,6 @@ type execution struct {
 	txOnce sync.Once
 	tx     idemstore.Tx
 	txErr  error
-}
-
-// beginTx returns the function that begins the request's business
-// transaction once, on first use.
-func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
-	return func() (idemstore.Tx, error) {
-		a.txOnce.Do(func() {
-			a.tx, a.txErr = a.m.txStore.KeyBeginTx(ctx)
-		})
-		return a.tx, a.txErr
-	}
-}
-
-// rollback rolls back the business transaction if one was begun.
-func (a *attempt) rollback(ctx context.Context) {
-	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
-	if a.tx == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.m.cfg.StoreTimeout)
-	defer cancel()
-	if err := a.tx.Rollback(ctx); err != nil {
-		a.m.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
-	}
 }
 
 // bodyReader gives the handler the body the middleware read.

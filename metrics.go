@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Decision is what the middleware decided for one protected request, as
-// reported to Metrics.
+// Decision is what the middleware (or a Guard) decided for one protected
+// request or call, as reported to Metrics.
 type Decision string
 
 // The decisions reported to Metrics.
@@ -23,7 +23,7 @@ const (
 	DecisionTooManyKeys     Decision = "too_many_keys"    // 429 too-many-keys
 )
 
-// Metrics receives the middleware's signals. Implementations must be safe
+// Metrics receives the signals of the middleware and of Guards. Implementations must be safe
 // for concurrent use and fast; idemprom adapts it to Prometheus.
 type Metrics interface {
 	// Decision counts one request's decision on an endpoint for a scope.
@@ -41,8 +41,8 @@ func (nopMetrics) Decision(string, string, Decision)      {}
 func (nopMetrics) StoreCall(string, time.Duration, error) {}
 func (nopMetrics) ResponseStored(string, int)             {}
 
-// Tracer starts the middleware's spans: "idem.request" around a protected
-// request, with "idem.reserve", "idem.handler" and "idem.complete" inside it.
+// Tracer starts the spans of the middleware and of Guards: "idem.request"
+// around a protected request or call, with "idem.reserve", "idem.handler" and "idem.complete" inside it.
 // Attributes carry the endpoint, a key hash (never the key) and the
 // decision. idemotel adapts OpenTelemetry to it.
 type Tracer interface {

@@ -1,22 +1,15 @@
 package idem
 
 import (
-	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -37,42 +30,21 @@ func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
 	}
 }
 
+// middleware is the HTTP adapter on the core: it turns a request into an
+// attempt (key, scope, endpoint, fingerprint of the body), runs the handler
+// when the core's claim says so, and answers the core's verdicts with
+// problems and replays.
 type middleware struct {
-	store   idemstore.Store
-	waiter  idemstore.Waiter  // nil when the store cannot notify
-	txStore idemstore.TxStore // set in transactional mode
-	cfg     Config
+	*core
 	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
-	log     *slog.Logger
-	hub     hub
-	limits  *scopeLimits
 	fps     fpCache
-	timed   bool // Metrics is not the no-op default: time store calls
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
-	cfg := c.withDefaults()
-	// Seals responses with the keyring, and without one refuses sealed
-	// records rather than replaying ciphertext.
-	store = idemcrypt.New(store, cfg.Keyring)
-	m := &middleware{
-		store:  store,
-		cfg:    cfg,
-		stored: make(map[string]bool),
-		log:    cfg.Logger,
-	}
+	m := &middleware{core: newCore(store, c), stored: make(map[string]bool)}
+	cfg := &m.cfg
 	m.fps.digest = cfg.Keyring != nil
-	_, nop := cfg.Metrics.(nopMetrics)
-	m.timed = !nop
-	m.waiter, _ = store.(idemstore.Waiter)
-	if cfg.Transactional {
-		ts, ok := store.(idemstore.TxStore)
-		if !ok {
-			panic(fmt.Sprintf("idem: Config.Transactional needs a store that implements idemstore.TxStore; %T does not", store))
-		}
-		m.txStore = ts
-	}
 	for _, meth := range cfg.Methods {
 		if meth = strings.ToUpper(meth); !slices.Contains(m.methods, meth) {
 			m.methods = append(m.methods, meth)
@@ -83,12 +55,6 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 		if !neverStored[name] {
 			m.stored[name] = true
 		}
-	}
-	if cfg.MaxInProgressPerScope > 0 || cfg.NewKeysPerSecondPerScope > 0 {
-		m.limits = newScopeLimits(cfg.MaxInProgressPerScope, cfg.NewKeysPerSecondPerScope)
-	}
-	if cfg.FailOpen {
-		m.log.Warn("idem: fail-open is enabled: requests run UNPROTECTED when the store is unavailable; never use this in production")
 	}
 	return m
 }
@@ -148,7 +114,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	endpoint := m.endpoint(r)
 	a := &attempt{
-		m:    m,
+		c:    m.core,
 		body: body,
 		id:   idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
 	}
@@ -164,135 +130,61 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.decide(w, r, next, a)
 }
 
-// span starts a child span when tracing is on; the returned end is never nil.
-func (m *middleware) span(ctx context.Context, name string) (context.Context, func(error)) {
-	if m.cfg.Tracer == nil {
-		return ctx, func(error) {}
-	}
-	ctx, s := m.cfg.Tracer.Start(ctx, name)
-	return ctx, s.End
-}
-
-// decide reserves the key and answers by the record's state; it runs the
+// decide has the core claim the key and answers its verdict; it runs the
 // handler when this request won the reservation.
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
-	if m.limits != nil {
-		if ok, retry := m.limits.admit(a.id.Scope, m.cfg.Now()); !ok {
-			a.decision(DecisionTooManyKeys)
-			m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
-				"Too many idempotency keys in progress or created for this tenant.", retry)
-			return
-		}
-	}
-	admitted := m.limits != nil
-	defer func() {
-		if admitted {
-			m.limits.refund(a.id.Scope)
-		}
-	}()
-	var deadline <-chan time.Time
-	for {
-		res, err := m.reserve(r.Context(), a)
-		if err != nil {
-			m.storeFailed(w, r, next, a, "reserve", err)
-			return
-		}
-		if res.Reserved {
-			if admitted {
-				admitted = false
-				defer m.limits.done(a.id.Scope)
-			}
-			if res.Record.Attempts > 1 {
-				a.decision(DecisionReleasedRetried)
-			} else {
-				a.decision(DecisionCreated)
-			}
-			m.execute(w, r, next, a, res.Record)
-			return
-		}
-		rec := res.Record
-		if rec.Fingerprint != a.fp {
-			m.answerReused(w, a)
-			return
-		}
+	v := m.claim(r.Context(), a)
+	switch v.d {
+	case DecisionCreated, DecisionTooManyKeys, DecisionStoreError, DecisionKeyReused:
+	default:
 		if !a.fpCached { // a retry: remember its fingerprint for the next one
 			m.fps.remember(r.Method, a.id.Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id.Scope, a.body, a.fp)
 			a.fpCached = true
 		}
-		switch rec.State {
-		case idemstore.StateCompleted:
-			m.replay(w, a, rec)
-			return
-		case idemstore.StateUnknown:
-			a.decision(DecisionUnknown)
-			m.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
-			m.writeProblem(w, http.StatusConflict, CodeOutcomeUnknown,
-				"An earlier request with this key may or may not have taken effect; it is being reconciled. Retry later.",
-				m.unknownRetryAfter())
-			return
+	}
+	switch v.d {
+	case DecisionCreated, DecisionReleasedRetried:
+		if v.held {
+			defer m.limits.done(a.id.Scope)
 		}
-		// In progress (or released but not re-claimable, which a correct
-		// store never returns with a matching fingerprint).
-		if m.cfg.Wait <= 0 {
-			m.answerInProgress(w, a, rec)
-			return
+		m.execute(w, r, next, a, v.rec)
+	case DecisionReplayed:
+		m.replay(w, v.rec)
+	case DecisionNotReplayable:
+		m.writeProblem(w, http.StatusConflict, CodeNotReplayable,
+			"The request with this Idempotency-Key completed, but its response was streamed or too large to store.", 0)
+	case DecisionUnknown:
+		m.writeProblem(w, http.StatusConflict, CodeOutcomeUnknown,
+			"An earlier request with this key may or may not have taken effect; it is being reconciled. Retry later.",
+			v.retry)
+	case DecisionInProgress:
+		if v.err != nil {
+			return // the client went away
 		}
-		if deadline == nil {
-			t := time.NewTimer(m.cfg.Wait)
-			defer t.Stop()
-			deadline = t.C
-		}
-		if !m.wait(r.Context(), a, rec, deadline) {
-			if r.Context().Err() != nil {
-				return // the client went away
-			}
-			m.answerInProgress(w, a, rec)
-			return
-		}
+		m.answerInProgress(w, v.retry)
+	case DecisionKeyReused:
+		m.answerReused(w)
+	case DecisionTooManyKeys:
+		m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
+			"Too many idempotency keys in progress or created for this tenant.", v.retry)
+	default:
+		m.storeFailed(w, r, next, a, v.err)
 	}
 }
 
-func (m *middleware) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
-	a.token = newToken()
-	ctx = a.ops.arm(ctx, m.cfg.StoreTimeout)
-	defer a.ops.disarm()
-	ctx, end := m.span(ctx, "idem.reserve")
-	start := m.clockStart()
-	defer func() {
-		m.storeCall("reserve", start, err)
-		end(err)
-	}()
-	expired := idemstore.StateUnknown
-	if m.txStore != nil {
-		expired = idemstore.StateReleased
-	}
-	a.params = idemstore.ReserveParams{
-		Identity:          a.id,
-		Fingerprint:       a.fp,
-		Token:             a.token,
-		Lease:             m.cfg.Lease,
-		TTL:               m.cfg.TTL,
-		LeaseExpiredState: expired,
-	}
-	return m.store.KeyReserve(ctx, &a.params)
-}
-
-// storeFailed fails closed: 503 unless the development fail-open switch is on.
-func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, op string, err error) {
-	a.decision(DecisionStoreError)
+// storeFailed fails closed: 503 unless the development fail-open switch is
+// on. The core logged the failure and counted the decision.
+func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, err error) {
 	if m.cfg.FailOpen {
-		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 		next.ServeHTTP(w, r)
 		return
 	}
-	m.log.Error("idem: store unavailable", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
 	m.writeProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable,
 		"The idempotency store is unavailable; the request was not processed. Retry later.", 1)
 }
 
-func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
-	a.decision(DecisionKeyReused)
-	m.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
+func (m *middleware) answerReused(w http.ResponseWriter) {
 	const detail = "This Idempotency-Key was already used with a different request."
 	switch m.cfg.Profile {
 	case ProfileStripe:
@@ -304,9 +196,9 @@ func (m *middleware) answerReused(w http.ResponseWriter, a *attempt) {
 	}
 }
 
-func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
-	a.decision(DecisionInProgress)
-	retry := retryAfter(m.cfg.Now(), rec)
+// answerInProgress answers a request whose key another attempt holds:
+// retry is the core's estimate of the remaining work, in seconds.
+func (m *middleware) answerInProgress(w http.ResponseWriter, retry int) {
 	if m.cfg.Async {
 		w.Header().Set("Retry-After", fmt.Sprint(retry))
 		w.WriteHeader(http.StatusAccepted)
@@ -316,31 +208,8 @@ func (m *middleware) answerInProgress(w http.ResponseWriter, a *attempt, rec *id
 		"A request with this Idempotency-Key is in progress. Retry later.", retry)
 }
 
-// retryAfter estimates the remaining work of an in-progress attempt in whole
-// seconds: as long again as it has run so far (a running attempt renews its
-// lease, so the lease end says little), at least 1 s and at most the rest of
-// the current lease.
-func retryAfter(now time.Time, rec *idemstore.Record) int {
-	est := now.Sub(rec.StartedAt)
-	if rest := rec.LockedUntil.Sub(now); est > rest {
-		est = rest
-	}
-	secs := int((est + time.Second - 1) / time.Second)
-	return max(secs, 1)
-}
-
-func (m *middleware) unknownRetryAfter() int {
-	return max(int(m.cfg.Lease/time.Second), 1)
-}
-
-func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Record) {
-	if rec.NotReplayable || rec.Response == nil {
-		a.decision(DecisionNotReplayable)
-		m.writeProblem(w, http.StatusConflict, CodeNotReplayable,
-			"The request with this Idempotency-Key completed, but its response was streamed or too large to store.", 0)
-		return
-	}
-	a.decision(DecisionReplayed)
+// replay answers with the stored response of a completed record.
+func (m *middleware) replay(w http.ResponseWriter, rec *idemstore.Record) {
 	// The stored header may be shared with the store (see
 	// idemstore.ReserveResult), and the writer's header is anybody's to
 	// change: copy the values.
@@ -358,21 +227,6 @@ func (m *middleware) replay(w http.ResponseWriter, a *attempt, rec *idemstore.Re
 	h[HeaderReplayed] = values // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
-}
-
-// clockStart starts timing a store call, when there are Metrics to tell.
-func (m *middleware) clockStart() time.Time {
-	if !m.timed {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// storeCall reports a store call started at start to Metrics.
-func (m *middleware) storeCall(op string, start time.Time, err error) {
-	if m.timed {
-		m.cfg.Metrics.StoreCall(op, time.Since(start), err)
-	}
 }
 
 func (m *middleware) endpoint(r *http.Request) string {
@@ -440,46 +294,3 @@ func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err err
 		}
 	}
 }
-
-// newToken returns a fresh fencing token: 128 bits from the runtime's
-// ChaCha8 generator, seeded from the operating system. A token must be
-// unique, not secret: it never leaves the server, and a store compares it
-// only with the tokens it handed out.
-func newToken() string {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
-	var h [32]byte
-	hex.Encode(h[:], b[:])
-	return string(h[:])
-}
-
-// attempt is one request's claim on a record.
-type attempt struct {
-	m        *middleware
-	id       idemstore.Identity
-	fp       string
-	fpCached bool // fp came from the fingerprint cache, or went into it
-	token    string
-	unknown  atomic.Bool
-	rejected atomic.Bool
-	span     Span // nil without a Tracer
-
-	// Embedded so that one allocation serves the whole request.
-	body   []byte
-	ops    opCtx // the context of the store calls
-	params idemstore.ReserveParams
-	// *execution is set when the request runs the handler.
-	*execution
-}
-
-// decision reports what the middleware decided for this request.
-func (a *attempt) decision(d Decision) {
-	a.m.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
-	if a.span != nil {
-		a.span.SetAttribute("idem.decision", string(d))
-	}
-}
-
-// keyHash names the record in logs without revealing the key.
-func (a *attempt) keyHash() string { return a.id.LogHash() }

@@ -33,7 +33,7 @@ type Phase struct {
 // which releases the key (keeping the recovery point) so a retry resumes.
 func RunPhases(ctx context.Context, phases ...Phase) error {
 	a := attemptFrom(ctx)
-	if a == nil || a.m.txStore == nil {
+	if a == nil || a.c.txStore == nil {
 		return ErrNotTransactional
 	}
 	start := 0
@@ -59,7 +59,7 @@ func RunPhases(ctx context.Context, phases ...Phase) error {
 }
 
 func (a *attempt) runPhase(ctx context.Context, p Phase) error {
-	tx, err := a.m.txStore.KeyBeginTx(ctx)
+	tx, err := a.c.txStore.KeyBeginTx(ctx)
 	if err != nil {
 		return fmt.Errorf("beginning phase %q: %w", p.Name, err)
 	}
@@ -73,7 +73,7 @@ func (a *attempt) runPhase(ctx context.Context, p Phase) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("committing phase %q: %w", p.Name, err)
 	}
-	a.m.log.Info("idem: phase committed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "recovery_point", p.Name)
+	a.c.log.Info("idem: phase committed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "recovery_point", p.Name)
 	return nil
 }
 

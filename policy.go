@@ -11,6 +11,7 @@ type handled struct {
 	panicked bool // the handler panicked or aborted its answer: status says nothing
 	rejected bool // the handler called Reject
 	unknown  bool // the handler called MarkUnknown
+	failed   bool // the function returned an error (Guard): no effect, as a 5xx says
 }
 
 // recordAs is what becomes of the record once its handler has run.
@@ -47,7 +48,8 @@ type outcome struct {
 //   - MarkUnknown marks it unknown;
 //   - 5xx, 408, 425 and 429 release the key, except that the Stripe
 //     profile stores 5xx once the handler ran (outside transactional mode,
-//     where a 5xx always rolls back);
+//     where a 5xx always rolls back); so does an error from a Guard's
+//     function, whatever the profile;
 //   - everything else (2xx, 3xx, the other 4xx) completes the record,
 //     without a stored response when the answer was streamed.
 //
@@ -64,7 +66,7 @@ func afterHandler(h handled, profile Profile, transactional bool) outcome {
 		rec = recordDropped
 	case h.unknown:
 		rec = recordUnknown
-	case releases(h.status, profile, transactional):
+	case h.failed || releases(h.status, profile, transactional):
 		rec = recordReleased
 	case h.streamed:
 		rec = recordNotReplayable

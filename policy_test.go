@@ -74,6 +74,14 @@ func TestAfterHandler(t *testing.T) {
 			{h: handled{status: 422, rejected: true}, tx: true, want: droppedTx},
 			{h: handled{status: 400, rejected: true, unknown: true}, want: dropped},
 		}},
+		{"a Guard's function that returns an error is taken to have had no effect, as a 5xx: the key is released", []tc{
+			{h: handled{failed: true}, want: released},
+			{h: handled{failed: true}, profile: ProfileStripe, want: released},
+			{h: handled{failed: true}, tx: true, want: releasedTx},
+			{h: handled{failed: true, streamed: true}, want: released},
+			{h: handled{failed: true, unknown: true}, want: unknown},
+			{h: handled{failed: true, rejected: true}, want: dropped},
+		}},
 		{"a panic marks unknown (or released in transactional mode, where the transaction rolled back)", []tc{
 			{h: handled{panicked: true}, want: unknown},
 			{h: handled{panicked: true}, profile: ProfileStripe, want: unknown},

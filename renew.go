@@ -23,7 +23,7 @@ func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.m.cfg.Lease/3), 0)
+	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
 }
 
 // alarmed renews the lease in a goroutine of its own: the list calls its
@@ -33,28 +33,28 @@ func (rn *renewer) alarmed(uint64) {
 }
 
 func (rn *renewer) renew() {
-	a, m := rn.a, rn.a.m
+	a, c := rn.a, rn.a.c
 	rn.mu.Lock()
 	stopped := rn.stopped
 	rn.mu.Unlock()
 	if stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StoreTimeout)
-	start := m.clockStart()
-	err := m.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: m.cfg.Lease})
-	m.storeCall("renew", start, err)
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StoreTimeout)
+	start := c.clockStart()
+	err := c.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: c.cfg.Lease})
+	c.storeCall("renew", start, err)
 	cancel()
 	if errors.Is(err, idemstore.ErrLeaseLost) {
-		m.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		c.log.Warn("idem: lease lost while the handler runs", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
 		return
 	}
 	if err != nil {
-		m.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		c.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		procAlarms.set(&rn.alarm, rn, time.Now().Add(m.cfg.Lease/3), 0)
+		procAlarms.set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
 	}
 	rn.mu.Unlock()
 }

@@ -12,22 +12,22 @@ import (
 // wait blocks until the record may have changed, the deadline passes or the
 // client leaves. It is woken by a completion in this process, by the store's
 // notifications when it has them, and otherwise re-reads with backoff.
-func (m *middleware) wait(ctx context.Context, a *attempt, rec *idemstore.Record, deadline <-chan time.Time) bool {
-	ch := m.hub.subscribe(a.id)
-	defer m.hub.unsubscribe(a.id, ch)
+func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, deadline <-chan time.Time) bool {
+	ch := c.hub.subscribe(a.id)
+	defer c.hub.unsubscribe(a.id, ch)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	woke := make(chan struct{}, 1)
-	if m.waiter != nil {
+	if c.waiter != nil {
 		go func() {
-			if m.waiter.KeyWait(ctx, a.id) == nil {
+			if c.waiter.KeyWait(ctx, a.id) == nil {
 				woke <- struct{}{}
 			}
 		}()
 	}
 	// Fallback for completions in other processes without notifications:
 	// re-read at a pace tied to the attempt's progress.
-	poll := time.NewTimer(min(time.Duration(retryAfter(m.cfg.Now(), rec))*time.Second/4, m.cfg.Lease/3, time.Second))
+	poll := time.NewTimer(min(time.Duration(retryAfter(c.cfg.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
 	defer poll.Stop()
 	select {
 	case <-ch.c:

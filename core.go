@@ -1,0 +1,410 @@
+package idem
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// core is the decision logic every adapter shares, the HTTP middleware and
+// Guard alike: the reservation, the decision by the record's state (claim),
+// waiting, the lease's heartbeat (renewer) and the recording of the outcome
+// the after-the-function policy chose (record). It knows nothing of HTTP:
+// an adapter turns its request into an attempt and the verdict into its
+// protocol's answer.
+type core struct {
+	store   idemstore.Store
+	waiter  idemstore.Waiter  // nil when the store cannot notify
+	txStore idemstore.TxStore // set in transactional mode
+	cfg     Config
+	log     *slog.Logger
+	hub     hub
+	limits  *scopeLimits
+	timed   bool // Metrics is not the no-op default: time store calls
+}
+
+// newCore applies cfg's defaults and wraps store as every adapter uses it.
+func newCore(store idemstore.Store, c *Config) *core {
+	cfg := c.withDefaults()
+	// Seals responses with the keyring, and without one refuses sealed
+	// records rather than replaying ciphertext.
+	store = idemcrypt.New(store, cfg.Keyring)
+	co := &core{store: store, cfg: cfg, log: cfg.Logger}
+	_, nop := cfg.Metrics.(nopMetrics)
+	co.timed = !nop
+	co.waiter, _ = store.(idemstore.Waiter)
+	if cfg.Transactional {
+		ts, ok := store.(idemstore.TxStore)
+		if !ok {
+			panic(fmt.Sprintf("idem: Config.Transactional needs a store that implements idemstore.TxStore; %T does not", store))
+		}
+		co.txStore = ts
+	}
+	if cfg.MaxInProgressPerScope > 0 || cfg.NewKeysPerSecondPerScope > 0 {
+		co.limits = newScopeLimits(cfg.MaxInProgressPerScope, cfg.NewKeysPerSecondPerScope)
+	}
+	if cfg.FailOpen {
+		co.log.Warn("idem: fail-open is enabled: requests run UNPROTECTED when the store is unavailable; never use this in production")
+	}
+	return co
+}
+
+// attempt is one request's claim on a record.
+type attempt struct {
+	c        *core
+	id       idemstore.Identity
+	fp       string
+	fpCached bool // fp came from the fingerprint cache, or went into it
+	token    string
+	unknown  atomic.Bool
+	rejected atomic.Bool
+	span     Span // nil without a Tracer
+
+	// Embedded so that one allocation serves the whole request.
+	body   []byte
+	ops    opCtx // the context of the store calls
+	params idemstore.ReserveParams
+	// *execution is set when the request runs the handler.
+	*execution
+}
+
+// decision reports what the middleware decided for this request.
+func (a *attempt) decision(d Decision) {
+	a.c.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
+	if a.span != nil {
+		a.span.SetAttribute("idem.decision", string(d))
+	}
+}
+
+// keyHash names the record in logs without revealing the key.
+func (a *attempt) keyHash() string { return a.id.LogHash() }
+
+// verdict is what claim decided for an attempt.
+type verdict struct {
+	d Decision
+	// rec is the reserved record (DecisionCreated, DecisionReleasedRetried)
+	// or the completed record to replay (DecisionReplayed).
+	rec *idemstore.Record
+	// retry is the Retry-After of a refusal, in whole seconds.
+	retry int
+	// err is the store's error (DecisionStoreError), or the caller's
+	// context error when it gave up waiting (DecisionInProgress, which is
+	// then not reported to Metrics: nobody was answered).
+	err error
+	// held reports that the attempt holds a per-scope in-progress slot,
+	// which the caller returns with limits.done when the attempt ends.
+	held bool
+}
+
+// runs reports whether the attempt holds the lease and runs the function.
+func (v *verdict) runs() bool {
+	return v.d == DecisionCreated || v.d == DecisionReleasedRetried
+}
+
+// claim reserves the attempt's key and decides, by the record's state, what
+// the adapter does: run the function (the attempt holds the lease), replay,
+// or refuse. In wait mode it blocks on an in-progress record up to
+// Config.Wait. It reports the decision to Metrics and the span, and logs
+// the refusals that deserve a line.
+func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
+	if c.limits != nil {
+		ok, retry := c.limits.admit(a.id.Scope, c.cfg.Now())
+		if !ok {
+			a.decision(DecisionTooManyKeys)
+			return verdict{d: DecisionTooManyKeys, retry: retry}
+		}
+		defer func() {
+			if v.runs() {
+				v.held = true
+			} else {
+				c.limits.refund(a.id.Scope)
+			}
+		}()
+	}
+	var deadline <-chan time.Time
+	for {
+		res, err := c.reserve(ctx, a)
+		if err != nil {
+			a.decision(DecisionStoreError)
+			if !c.cfg.FailOpen { // the adapter logs the bypass
+				c.log.Error("idem: store unavailable", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+			}
+			return verdict{d: DecisionStoreError, retry: 1, err: err}
+		}
+		rec := res.Record
+		if res.Reserved {
+			d := DecisionCreated
+			if rec.Attempts > 1 {
+				d = DecisionReleasedRetried
+			}
+			a.decision(d)
+			return verdict{d: d, rec: rec}
+		}
+		if rec.Fingerprint != a.fp {
+			a.decision(DecisionKeyReused)
+			c.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
+			return verdict{d: DecisionKeyReused}
+		}
+		switch rec.State {
+		case idemstore.StateCompleted:
+			if rec.NotReplayable || rec.Response == nil {
+				a.decision(DecisionNotReplayable)
+				return verdict{d: DecisionNotReplayable}
+			}
+			a.decision(DecisionReplayed)
+			return verdict{d: DecisionReplayed, rec: rec}
+		case idemstore.StateUnknown:
+			a.decision(DecisionUnknown)
+			c.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			return verdict{d: DecisionUnknown, retry: c.unknownRetryAfter()}
+		}
+		// In progress (or released but not re-claimable, which a correct
+		// store never returns with a matching fingerprint).
+		if c.cfg.Wait <= 0 {
+			a.decision(DecisionInProgress)
+			return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec)}
+		}
+		if deadline == nil {
+			t := time.NewTimer(c.cfg.Wait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		if !c.wait(ctx, a, rec, deadline) {
+			if err := ctx.Err(); err != nil {
+				return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec), err: err}
+			}
+			a.decision(DecisionInProgress)
+			return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec)}
+		}
+	}
+}
+
+func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
+	a.token = newToken()
+	ctx = a.ops.arm(ctx, c.cfg.StoreTimeout)
+	defer a.ops.disarm()
+	ctx, end := c.span(ctx, "idem.reserve")
+	start := c.clockStart()
+	defer func() {
+		c.storeCall("reserve", start, err)
+		end(err)
+	}()
+	expired := idemstore.StateUnknown
+	if c.txStore != nil {
+		expired = idemstore.StateReleased
+	}
+	a.params = idemstore.ReserveParams{
+		Identity:          a.id,
+		Fingerprint:       a.fp,
+		Token:             a.token,
+		Lease:             c.cfg.Lease,
+		TTL:               c.cfg.TTL,
+		LeaseExpiredState: expired,
+	}
+	return c.store.KeyReserve(ctx, &a.params)
+}
+
+// retryAfter estimates the remaining work of an in-progress attempt in whole
+// seconds: as long again as it has run so far (a running attempt renews its
+// lease, so the lease end says little), at least 1 s and at most the rest of
+// the current lease.
+func retryAfter(now time.Time, rec *idemstore.Record) int {
+	est := now.Sub(rec.StartedAt)
+	if rest := rec.LockedUntil.Sub(now); est > rest {
+		est = rest
+	}
+	secs := int((est + time.Second - 1) / time.Second)
+	return max(secs, 1)
+}
+
+func (c *core) unknownRetryAfter() int {
+	return max(int(c.cfg.Lease/time.Second), 1)
+}
+
+// begin starts the execution of an attempt that holds the lease on rec:
+// the heartbeat, and the context the function runs with (ctx, carrying the
+// attempt and, in transactional mode, the business transaction). The
+// caller stops the heartbeat (a.renewer.stop) when the function returns.
+func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
+	a.execution = new(execution)
+	a.renewer.start(a)
+	a.recoveryPoint = rec.RecoveryPoint
+	a.hctx = attemptCtx{Context: ctx, a: a}
+	var fctx context.Context = &a.hctx
+	if a.c.txStore != nil {
+		fctx = idemstore.ContextWithTx(fctx, a.beginTx(context.WithoutCancel(ctx)))
+	}
+	return fctx
+}
+
+// errCommitReleased marks a transactional completion whose commit failed
+// after which the key was released.
+var errCommitReleased = errors.New("commit failed, key released")
+
+// record writes the outcome the after-the-function policy chose
+// (afterHandler): in transactional mode a completion commits with the
+// business transaction, and every other outcome rolls it back first. p is
+// the completion, needed only when o completes the record. The writes use
+// a context detached from ctx's cancellation.
+//
+// It returns the store's error, already logged. After a completion in
+// transactional mode an error means nothing was committed and the key was
+// released (idemstore.ErrLeaseLost: a newer attempt holds it); after any
+// other write, the record is left as it was, and turns unknown when the
+// lease expires.
+func (c *core) record(ctx context.Context, a *attempt, o outcome, p *idemstore.CompleteParams) error {
+	if o.rollback {
+		a.rollback(ctx)
+	}
+	switch o.record {
+	case recordDropped:
+		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+		return c.finishStore(ctx, a, "delete", func(ctx context.Context) error { return c.store.KeyDelete(ctx, finish) })
+	case recordUnknown:
+		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+		return c.finishStore(ctx, a, "mark_unknown", func(ctx context.Context) error { return c.store.KeyMarkUnknown(ctx, finish) })
+	case recordReleased:
+		return c.release(ctx, a)
+	}
+	if c.txStore != nil {
+		return c.completeTx(ctx, a, p)
+	}
+	return c.finishStore(ctx, a, "complete", func(ctx context.Context) error { return c.store.KeyComplete(ctx, p) })
+}
+
+// release releases the key so a retry re-executes.
+func (c *core) release(ctx context.Context, a *attempt) error {
+	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	return c.finishStore(ctx, a, "release", func(ctx context.Context) error { return c.store.KeyRelease(ctx, finish) })
+}
+
+// completeTx writes the completion in the business transaction and commits
+// it. When that fails nothing took effect: the key is released (unless a
+// newer attempt holds it) and the error says why.
+func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.CompleteParams) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.StoreTimeout)
+	defer cancel()
+	cctx, end := c.span(cctx, "idem.complete")
+	tx, err := a.beginTx(context.WithoutCancel(ctx))()
+	if err == nil {
+		err = tx.KeyComplete(cctx, p)
+		if err == nil {
+			start := c.clockStart()
+			err = tx.Commit(cctx)
+			c.storeCall("commit", start, err)
+			if err != nil {
+				// Releasing is safe whatever the commit did: the release is
+				// fenced on an in_progress record, and a committed
+				// completion is not in progress any more.
+				if c.release(ctx, a) == nil {
+					err = fmt.Errorf("%w: %w", errCommitReleased, err)
+				}
+			}
+		} else {
+			a.rollback(ctx)
+		}
+	}
+	end(err)
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		c.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+	default:
+		c.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+		if !errors.Is(err, errCommitReleased) {
+			c.release(ctx, a)
+		}
+	}
+	return err
+}
+
+// finishStore runs a fenced write after the function on a context detached
+// from ctx's cancellation: a client that hangs up does not stop it. It
+// logs a failure and returns it.
+func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
+	sctx := a.ops.arm(ctx, c.cfg.StoreTimeout)
+	defer a.ops.disarm()
+	sctx, end := c.span(sctx, "idem.complete")
+	start := c.clockStart()
+	err := f(sctx)
+	c.storeCall(op, start, err)
+	end(err)
+	switch {
+	case err == nil:
+	case errors.Is(err, idemstore.ErrLeaseLost):
+		c.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+	default:
+		c.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+	}
+	return err
+}
+
+// beginTx returns the function that begins the request's business
+// transaction once, on first use.
+func (a *attempt) beginTx(ctx context.Context) func() (idemstore.Tx, error) {
+	return func() (idemstore.Tx, error) {
+		a.txOnce.Do(func() {
+			a.tx, a.txErr = a.c.txStore.KeyBeginTx(ctx)
+		})
+		return a.tx, a.txErr
+	}
+}
+
+// rollback rolls back the business transaction if one was begun.
+func (a *attempt) rollback(ctx context.Context) {
+	a.txOnce.Do(func() { a.txErr = idemstore.ErrNoTx }) // none may begin now
+	if a.tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.c.cfg.StoreTimeout)
+	defer cancel()
+	if err := a.tx.Rollback(ctx); err != nil {
+		a.c.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+	}
+}
+
+// span starts a child span when tracing is on; the returned end is never nil.
+func (c *core) span(ctx context.Context, name string) (context.Context, func(error)) {
+	if c.cfg.Tracer == nil {
+		return ctx, func(error) {}
+	}
+	ctx, s := c.cfg.Tracer.Start(ctx, name)
+	return ctx, s.End
+}
+
+// clockStart starts timing a store call, when there are Metrics to tell.
+func (c *core) clockStart() time.Time {
+	if !c.timed {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// storeCall reports a store call started at start to Metrics.
+func (c *core) storeCall(op string, start time.Time, err error) {
+	if c.timed {
+		c.cfg.Metrics.StoreCall(op, time.Since(start), err)
+	}
+}
+
+// newToken returns a fresh fencing token: 128 bits from the runtime's
+// ChaCha8 generator, seeded from the operating system. A token must be
+// unique, not secret: it never leaves the server, and a store compares it
+// only with the tokens it handed out.
+func newToken() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
+}
