@@ -31,8 +31,9 @@
 // only in a field this build does not know are never taken for one;
 // google.protobuf.Any needs no type registry; and it costs one marshal.
 // The other candidate, protojson canonicalised with RFC 8785, drops unknown
-// fields, fails on an Any whose type is not linked in, and costs several
-// times more. The price of the choice: protobuf-go does not promise that
+// fields, fails on an Any whose type is not linked in, and costs more
+// (BenchmarkFingerprint: about 4 times on a generated message, 1.7 times
+// on a dynamic one). The price of the choice: protobuf-go does not promise that
 // the deterministic encoding stays byte-identical across its releases or
 // across schema versions, so a retry that lands on a server built
 // differently may be refused with INVALID_ARGUMENT (key reused) — a
