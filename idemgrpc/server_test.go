@@ -671,3 +671,38 @@ func TestTransactional(t *testing.T) {
 }
 
 var _ grpc.UnaryServerInterceptor = idemgrpc.UnaryServerInterceptor(idemmem.New(nil), nil)
+
+// TestNotReplayableAndLimits: an answer over Guard.MaxResponse is
+// delivered once and a retry gets FAILED_PRECONDITION (NOT_REPLAYABLE),
+// never a second run; a per-scope limit answers RESOURCE_EXHAUSTED
+// (TOO_MANY_KEYS) with a RetryInfo.
+func TestNotReplayableAndLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: &idem.Config{MaxResponse: 4}}, nil)
+	if a := call(ctx, b.conn, methodCreate, "big", newRequest("acct-1", 500, "")); a.err != nil {
+		t.Fatal(a.err)
+	}
+	a := call(ctx, b.conn, methodCreate, "big", newRequest("acct-1", 500, ""))
+	checkRefusal(t, a.err, codes.FailedPrecondition, idemgrpc.ReasonNotReplayable, false)
+	if got := b.svc.runs.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want 1", got)
+	}
+
+	l := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: &idem.Config{MaxInProgressPerScope: 1}}, nil)
+	started, release := make(chan struct{}), make(chan struct{})
+	l.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
+		close(started)
+		<-release
+		return payment("pay", 1, "acct"), nil
+	}
+	first := make(chan answer)
+	go func() { first <- call(ctx, l.conn, methodCreate, "k1", newRequest("acct-1", 500, "")) }()
+	<-started
+	a = call(ctx, l.conn, methodCreate, "k2", newRequest("acct-1", 500, ""))
+	checkRefusal(t, a.err, codes.ResourceExhausted, idemgrpc.ReasonTooManyKeys, true)
+	close(release)
+	if a := <-first; a.err != nil {
+		t.Error(a.err)
+	}
+}
