@@ -35,6 +35,7 @@ var layers = map[string][]string{
 	"idemprom":   {"idem", "idemstore", "idemmaint", "internal/"},
 	"idemotel":   {"idem", "idemstore", "internal/"},
 	"idemclient": {},
+	"idemgrpc":   {"idem", "idemstore", "internal/"},
 	"outbox":     {"idemstore", "internal/"},
 }
 
