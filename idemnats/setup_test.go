@@ -292,6 +292,19 @@ func (db *testDB) record(ctx context.Context, msgID string) error {
 	}
 }
 
+// recordNow writes the ledger row of msgID outside any transaction,
+// committed at once.
+func (db *testDB) recordNow(ctx context.Context, msgID string) error {
+	var err error
+	switch db.kind {
+	case "sqlite":
+		_, err = db.sqlite.ExecContext(ctx, `INSERT INTO ledger (msg_id) VALUES (?)`, msgID)
+	default:
+		_, err = db.pg.Exec(ctx, `INSERT INTO `+pgx.Identifier{db.schema, "ledger"}.Sanitize()+` (msg_id) VALUES ($1)`, msgID)
+	}
+	return err
+}
+
 // rows counts the committed ledger rows.
 func (db *testDB) rows(t testing.TB) int {
 	t.Helper()
