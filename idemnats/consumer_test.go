@@ -495,3 +495,35 @@ func TestTransactional(t *testing.T) {
 		})
 	}
 }
+
+// TestHandle: Handle plugs into jetstream.Consumer.Consume; two copies of
+// one event and another event run the handler once per event and are all
+// acked.
+func TestHandle(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	stream := newStream(t, js, nil)
+	cons := durable(t, js, stream, 30*time.Second)
+	clock := newClock()
+	db := newDB(t, "sqlite", clock.Now)
+	var runs counter
+	cfg := config(clock, nil)
+	cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
+	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
+		runs.add(m.Headers().Get("Event-Id"))
+		return nil
+	}, cfg)
+	publish(t, js, stream+".events", `{"cents":500}`, "Event-Id", "evt-a")
+	publish(t, js, stream+".events", `{"cents":500}`, "Event-Id", "evt-a")
+	publish(t, js, stream+".events", `{"cents":700}`, "Event-Id", "evt-b")
+
+	cc, err := cons.Consume(c.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	waitSettled(t, cons)
+	if runs.get("evt-a") != 1 || runs.get("evt-b") != 1 {
+		t.Fatalf("runs: %v; want each event once", runs.n)
+	}
+}
