@@ -527,3 +527,83 @@ func TestHandle(t *testing.T) {
 		t.Fatalf("runs: %v; want each event once", runs.n)
 	}
 }
+
+// failingComplete is a real store whose completions fail, as when the
+// store goes down while the handler runs.
+type failingComplete struct{ idemstore.Store }
+
+func (failingComplete) KeyComplete(context.Context, *idemstore.CompleteParams) error {
+	return errors.New("connection reset by peer")
+}
+
+// TestNotRecorded: the handler ran but its completion could not be
+// written. The message is not acked; the redelivery finds the record in
+// progress while the lease lasts, then unknown, and never runs the handler
+// again.
+func TestNotRecorded(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	stream := newStream(t, js, nil)
+	cons := durable(t, js, stream, 30*time.Second)
+	clock := newClock()
+	db := newDB(t, "sqlite", clock.Now)
+	var runs atomic.Int64
+	c := idemnats.New(failingComplete{db.store}, func(context.Context, jetstream.Msg) error {
+		runs.Add(1)
+		return nil
+	}, config(clock, nil))
+	publish(t, js, stream+".orders", `{"order":6}`, jetstream.MsgIDHeader, "order-6")
+
+	process(t, c, cons, idemnats.OutcomeNotRecorded)
+	process(t, c, cons, idemnats.OutcomeInProgress)
+	clock.Advance(31 * time.Second)
+	process(t, c, cons, idemnats.OutcomeUnknown)
+	if runs.Load() != 1 {
+		t.Fatalf("the handler ran %d times, want 1", runs.Load())
+	}
+}
+
+// TestAnyID: ids the core would refuse as keys (too long, not printable
+// ASCII) are hashed into one, and still run once.
+func TestAnyID(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	stream := newStream(t, js, nil)
+	cons := durable(t, js, stream, 30*time.Second)
+	clock := newClock()
+	db := newDB(t, "sqlite", clock.Now)
+	var runs counter
+	cfg := config(clock, nil)
+	cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
+	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
+		runs.add(m.Headers().Get("Event-Id"))
+		return nil
+	}, cfg)
+	ids := []string{strings.Repeat("x", 300), "commande-reçue-7", "ok-id"}
+	for _, id := range ids {
+		publish(t, js, stream+".events", `{"cents":1}`, "Event-Id", id)
+		publish(t, js, stream+".events", `{"cents":1}`, "Event-Id", id)
+	}
+	for range ids {
+		process(t, c, cons, idemnats.OutcomeCompleted)
+		process(t, c, cons, idemnats.OutcomeReplayed)
+	}
+	for _, id := range ids {
+		if runs.get(id) != 1 {
+			t.Errorf("id of %d bytes ran %d times, want 1", len(id), runs.get(id))
+		}
+	}
+	recs, err := db.store.KeyList(context.Background(), &idemstore.ListParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashed := 0
+	for _, r := range recs {
+		if strings.HasPrefix(r.Key, "sha256:") && len(r.Key) == len("sha256:")+64 {
+			hashed++
+		}
+	}
+	if len(recs) != 3 || hashed != 2 {
+		t.Fatalf("%d records, %d with hashed keys; want 3 and 2", len(recs), hashed)
+	}
+}
