@@ -17,14 +17,17 @@ import (
 )
 
 // Handler processes one message. Its context carries the attempt: in
-// transactional mode the driver's TxFromContext returns the transaction that
-// commits with the record's completion, and idem.MarkUnknown, idem.DerivedKey
-// and idem.RunPhases work in it. A handler returns nil once the message is
-// processed; an error means it had no effect, and the message comes back. A
-// handler whose effect may have happened before it failed calls
-// idem.MarkUnknown(ctx) and returns its error: the record becomes unknown
-// and the message is never run again (see Config.Unknown). The handler
-// neither acks nor naks the message: the Consumer does.
+// transactional mode the driver's TxFromContext returns the transaction
+// that commits with the record's completion, and idem.MarkUnknown,
+// idem.DerivedKeyFromContext and idem.RunPhases work in it. A handler
+// returns nil once the message is processed; an error means it had no
+// effect, and the message comes back. A handler whose effect may have
+// happened before it failed calls idem.MarkUnknown(ctx) and returns its
+// error: the record becomes unknown and the message is never run again
+// (see Config.Unknown). The handler neither acks nor naks the message: the
+// Consumer does. A panic marks the record unknown (released in
+// transactional mode) and goes on up, as in idem.Guard.Run; the message,
+// not acked, comes back after AckWait.
 type Handler func(ctx context.Context, msg jetstream.Msg) error
 
 // Action is what a Consumer does with a message it cannot process now.
