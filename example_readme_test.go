@@ -9,18 +9,26 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemclient"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemnats"
 	"github.com/idem-dev/idem/idemsqlite"
 )
 
@@ -202,4 +210,58 @@ func Example_readmeGRPC() {
 	// ch_1 replayed: false
 	// ch_1 replayed: true
 	// charges: 1
+}
+
+// chargeOrder is the application's, in the README's message consumer.
+func chargeOrder(ctx context.Context, order []byte) error { return nil }
+
+// The README's "Message consumers (NATS JetStream)" (compiled, not run: it
+// needs a NATS server and opens ./idem.db; idemnats's tests run the same).
+func Example_readmeNATS() {
+	// README
+	store, err := idemsqlite.Open("idem.db", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable:   "billing", // the records' endpoint is "nats ORDERS/billing"
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   time.Minute, // longer than a charge usually takes
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	billing := idemnats.New(store, func(ctx context.Context, msg jetstream.Msg) error {
+		return chargeOrder(ctx, msg.Data()) // an error naks the message: it runs again
+	}, nil)
+	cc, err := cons.Consume(billing.Handle)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Stop()
+
+	// The producer names each message; a retried publish keeps the name.
+	_, err = js.Publish(ctx, "orders.created", []byte(`{"order":42,"cents":500}`), jetstream.WithMsgID("order-42"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	<-ctx.Done()
+	// README
 }

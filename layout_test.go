@@ -34,6 +34,7 @@ var layers = map[string][]string{
 	"idemtest":   {"idemstore", "idemcrypt", "internal/"},
 	"idemprom":   {"idem", "idemstore", "idemmaint", "internal/"},
 	"idemotel":   {"idem", "idemstore", "internal/"},
+	"idemnats":   {"idem", "idemstore", "internal/"},
 	"idemclient": {},
 	"idemgrpc":   {"idem", "idemstore", "internal/"},
 	"outbox":     {"idemstore", "internal/"},

@@ -1,8 +1,8 @@
 // Package testenv finds the external services that tests need.
 //
-// Tests that need PostgreSQL or Redis call PostgresURL or RedisURL. The URL
-// comes from IDEM_TEST_DATABASE_URL / IDEM_TEST_REDIS_URL with localhost
-// defaults. When the service does not answer the test is skipped with the
+// Tests that need PostgreSQL, Redis or NATS call PostgresURL, RedisURL or
+// NATSURL. The URL comes from IDEM_TEST_DATABASE_URL / IDEM_TEST_REDIS_URL /
+// IDEM_TEST_NATS_URL with localhost defaults. When the service does not answer the test is skipped with the
 // variable's name, unless IDEM_TEST_REQUIRE_ALL=1, when it fails instead.
 package testenv
 
@@ -18,6 +18,7 @@ import (
 const (
 	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultNATSURL     = "nats://127.0.0.1:4222"
 )
 
 // RequireAll reports whether IDEM_TEST_REQUIRE_ALL=1: missing services fail.
@@ -35,6 +36,14 @@ func PostgresURL(t testing.TB) string {
 func RedisURL(t testing.TB) string {
 	t.Helper()
 	return serviceURL(t, "IDEM_TEST_REDIS_URL", DefaultRedisURL, "6379")
+}
+
+// NATSURL returns the NATS URL for tests, or skips (fails under
+// IDEM_TEST_REQUIRE_ALL=1) when the server does not answer. Whether it runs
+// JetStream is the caller's to check (Unavailable when it does not).
+func NATSURL(t testing.TB) string {
+	t.Helper()
+	return serviceURL(t, "IDEM_TEST_NATS_URL", DefaultNATSURL, "4222")
 }
 
 // Unavailable skips the test, or fails it under IDEM_TEST_REQUIRE_ALL=1.

@@ -1,0 +1,339 @@
+package idemnats
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// Handler processes one message. Its context carries the attempt: in
+// transactional mode the driver's TxFromContext returns the transaction
+// that commits with the record's completion, and idem.MarkUnknown,
+// idem.DerivedKeyFromContext and idem.RunPhases work in it. A handler
+// returns nil once the message is processed; an error means it had no
+// effect, and the message comes back. A handler whose effect may have
+// happened before it failed calls idem.MarkUnknown(ctx) and returns its
+// error: the record becomes unknown and the message is never run again
+// (see Config.Unknown). The handler neither acks nor naks the message: the
+// Consumer does. A panic marks the record unknown (released in
+// transactional mode) and goes on up, as in idem.Guard.Run; the message,
+// not acked, comes back after AckWait.
+type Handler func(ctx context.Context, msg jetstream.Msg) error
+
+// Action is what a Consumer does with a message it cannot process now.
+type Action int
+
+const (
+	// Nak naks the message with Config.HoldDelay: it stays un-acked and
+	// JetStream redelivers it, so it is processed once the cause goes away.
+	Nak Action = iota + 1
+	// Term terminates the message: JetStream stops delivering it to this
+	// consumer and publishes a MSG_TERMINATED advisory.
+	Term
+	// RunUnprotected runs the handler without idempotency, at least once
+	// as JetStream delivers: for Config.MissingID only.
+	RunUnprotected
+)
+
+// String returns the action's name as logs show it.
+func (a Action) String() string {
+	switch a {
+	case Nak:
+		return "nak"
+	case Term:
+		return "term"
+	case RunUnprotected:
+		return "run_unprotected"
+	}
+	return "Action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Config configures a Consumer. A nil *Config means all defaults.
+type Config struct {
+	// Idem configures the core (idem.NewGuard): Lease, TTL, Transactional,
+	// StoreTimeout, Wait, Metrics, Tracer, Logger, Now and the other
+	// options that concern a call. Defaults to idem's defaults.
+	Idem idem.Config
+	// MessageID returns the message's id, the record's key; "" means the
+	// message has none (see MissingID). An id that is not 1–255 printable
+	// ASCII characters (or shorter than Idem.MinKeyLength) is replaced by
+	// "sha256:" and its hex SHA-256. Defaults to the Nats-Msg-Id header.
+	MessageID func(msg jetstream.Msg) string
+	// Endpoint names the records of this consumer: messages with the same
+	// id under another endpoint are other records. Defaults to
+	// "nats STREAM/CONSUMER" from each message's metadata, so use durable
+	// consumers (an ephemeral consumer's name changes with every instance),
+	// or set Endpoint.
+	Endpoint string
+	// MissingID is what becomes of a message without an id: Nak (with
+	// HoldDelay), Term, or RunUnprotected. Defaults to Nak.
+	MissingID Action
+	// Unknown is what becomes of a message whose record's outcome is
+	// unknown: Nak (with HoldDelay) or Term. It never runs again.
+	// Defaults to Nak.
+	Unknown Action
+	// HoldDelay is the redelivery delay of a held message (unknown
+	// outcome, missing id). Defaults to one minute.
+	HoldDelay time.Duration
+	// RetryDelay, when positive, is the redelivery delay of a message that
+	// could not be processed now: its id in progress elsewhere, the store
+	// unavailable, a per-scope limit, an outcome that could not be
+	// recorded. Defaults to the core's estimate (the remaining work of the
+	// attempt in progress; one second for the store; the lease for an
+	// outcome not recorded).
+	RetryDelay time.Duration
+	// ErrorDelay is the redelivery delay after the handler failed.
+	// Defaults to 0: Nak, redelivered at once.
+	ErrorDelay time.Duration
+}
+
+func (c *Config) withDefaults() Config {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	if cfg.MessageID == nil {
+		cfg.MessageID = func(msg jetstream.Msg) string { return msg.Headers().Get(jetstream.MsgIDHeader) }
+	}
+	if cfg.MissingID == 0 {
+		cfg.MissingID = Nak
+	}
+	if cfg.Unknown == 0 {
+		cfg.Unknown = Nak
+	}
+	if cfg.HoldDelay <= 0 {
+		cfg.HoldDelay = time.Minute
+	}
+	if cfg.Idem.Lease <= 0 {
+		cfg.Idem.Lease = 30 * time.Second
+	}
+	if cfg.Idem.MinKeyLength <= 0 {
+		cfg.Idem.MinKeyLength = 1
+	}
+	if cfg.Idem.Logger == nil {
+		cfg.Idem.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// Outcome is what a Consumer did with one delivery, as Process reports it
+// and its logs name it.
+type Outcome string
+
+// The outcomes, with what the message gets.
+const (
+	OutcomeCompleted        Outcome = "completed"         // the handler ran, its outcome stored: ack
+	OutcomeReplayed         Outcome = "replayed"          // the id had completed: ack, the handler did not run
+	OutcomeFailed           Outcome = "failed"            // the handler failed: key released, nak
+	OutcomeInProgress       Outcome = "in_progress"       // another consumer runs the id: nak with delay
+	OutcomeUnknown          Outcome = "unknown"           // an earlier attempt may have had its effect: Config.Unknown
+	OutcomeMissingID        Outcome = "missing_id"        // the message has no id: Config.MissingID
+	OutcomeKeyReused        Outcome = "key_reused"        // the id came with another message: term
+	OutcomeStoreUnavailable Outcome = "store_unavailable" // the store failed before the handler: nak with delay
+	OutcomeTooManyKeys      Outcome = "too_many_keys"     // a per-scope limit refused the id: nak with delay
+	OutcomeNotRecorded      Outcome = "not_recorded"      // the handler ran, its outcome not stored: nak with delay, never acked
+)
+
+// Consumer runs a Handler at most once per message id. It is safe for
+// concurrent use: one Consumer may serve many goroutines and subscriptions.
+type Consumer struct {
+	guard   *idem.Guard
+	handler Handler
+	cfg     Config
+	log     *slog.Logger
+}
+
+// New returns a Consumer that runs h on store. A nil cfg means all
+// defaults (see Config). Like idem.NewGuard, it panics when
+// cfg.Idem.Transactional is set and store does not implement
+// idemstore.TxStore.
+func New(store idemstore.Store, h Handler, cfg *Config) *Consumer {
+	c := cfg.withDefaults()
+	return &Consumer{guard: idem.NewGuard(store, &c.Idem), handler: h, cfg: c, log: c.Idem.Logger}
+}
+
+// Handle processes msg (see Process) with a background context. It is a
+// jetstream.MessageHandler: pass it to jetstream.Consumer.Consume.
+func (c *Consumer) Handle(msg jetstream.Msg) {
+	c.Process(context.Background(), msg)
+}
+
+// Process runs the handler for msg at most once per message id, then acks,
+// naks or terminates msg as the package documentation says, and reports
+// what it did. Its error is the handler's, the core's refusal (an
+// *idem.Error), or the failure to settle msg with the server; it has been
+// logged. ctx bounds the reservation and is the handler's parent; the
+// outcome is stored even when ctx ends while the handler runs.
+func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, error) {
+	md, err := msg.Metadata()
+	if err != nil {
+		c.log.Error("idemnats: not a JetStream message; left unsettled", "subject", msg.Subject(), "error", err)
+		return "", fmt.Errorf("idemnats: reading the message's metadata: %w", err)
+	}
+	d := delivery{c: c, msg: msg, md: md, endpoint: c.cfg.Endpoint}
+	if d.endpoint == "" {
+		d.endpoint = "nats " + md.Stream + "/" + md.Consumer
+	}
+	id := c.cfg.MessageID(msg)
+	if id == "" {
+		return d.missingID(ctx)
+	}
+	d.id = idemstore.Identity{Endpoint: d.endpoint, Key: c.key(id)}
+
+	var handlerErr error
+	_, replayed, err := c.guard.Run(ctx, idem.Call{
+		Identity:    d.id,
+		Fingerprint: idem.FingerprintBytes(msg.Subject(), msg.Data()),
+	}, func(ctx context.Context) (idem.Result, error) {
+		if err := c.handler(ctx, msg); err != nil {
+			handlerErr = err
+			return idem.Result{}, err
+		}
+		return idem.Result{Status: 200, Meta: map[string][]string{
+			"Nats-Stream-Sequence": {strconv.FormatUint(md.Sequence.Stream, 10)},
+		}}, nil
+	})
+	if handlerErr != nil {
+		// The core released the key (or marked it unknown when the
+		// handler said so); a redelivery decides again.
+		return d.settle(OutcomeFailed, handlerErr, slog.LevelInfo, "idemnats: handler failed; nak for redelivery", c.nak(c.cfg.ErrorDelay))
+	}
+	if err == nil {
+		if replayed {
+			return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", ack)
+		}
+		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: processed", ack)
+	}
+	var ie *idem.Error
+	if !errors.As(err, &ie) {
+		// An invalid key, which c.key rules out.
+		return d.settle(OutcomeMissingID, err, slog.LevelError, "idemnats: message id refused; held", c.nak(c.cfg.HoldDelay))
+	}
+	switch ie.Kind {
+	case idem.ErrNotReplayable:
+		// Completed without a stored result: processed all the same.
+		return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", ack)
+	case idem.ErrInProgress:
+		return d.settle(OutcomeInProgress, err, slog.LevelInfo, "idemnats: id in progress elsewhere; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+	case idem.ErrOutcomeUnknown:
+		if c.cfg.Unknown == Term {
+			return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, terminated", term)
+		}
+		return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, held until it is settled", c.nak(c.cfg.HoldDelay))
+	case idem.ErrKeyReused:
+		return d.settle(OutcomeKeyReused, err, slog.LevelError, "idemnats: message id reused with another message; terminated", term)
+	case idem.ErrTooManyKeys:
+		return d.settle(OutcomeTooManyKeys, err, slog.LevelInfo, "idemnats: per-scope limit; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+	case idem.ErrNotRecorded:
+		// The handler's effect happened but is not on record: never ack.
+		// The record stays in progress until its lease ends, then turns
+		// unknown, so no redelivery runs the handler again.
+		return d.settle(OutcomeNotRecorded, err, slog.LevelError, "idemnats: handler ran but its outcome was not recorded; not acked", c.nak(c.retryDelay(c.cfg.Idem.Lease)))
+	}
+	// ErrStoreUnavailable: the core logged the store's error.
+	return d.settle(OutcomeStoreUnavailable, err, slog.LevelWarn, "idemnats: store unavailable; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+}
+
+// missingID disposes of a message without an id as Config.MissingID says.
+func (d *delivery) missingID(ctx context.Context) (Outcome, error) {
+	c := d.c
+	if m := c.cfg.Idem.Metrics; m != nil {
+		m.Decision(d.endpoint, "", idem.DecisionInvalid)
+	}
+	switch c.cfg.MissingID {
+	case Term:
+		return d.settle(OutcomeMissingID, errMissingID, slog.LevelError, "idemnats: message without id; terminated", term)
+	case RunUnprotected:
+		if err := c.handler(ctx, d.msg); err != nil {
+			return d.settle(OutcomeFailed, err, slog.LevelInfo, "idemnats: handler failed on a message without id (unprotected)", c.nak(c.cfg.ErrorDelay))
+		}
+		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: message without id processed unprotected", ack)
+	}
+	return d.settle(OutcomeMissingID, errMissingID, slog.LevelWarn, "idemnats: message without id; held", c.nak(c.cfg.HoldDelay))
+}
+
+var errMissingID = errors.New("idemnats: message without id")
+
+// ack and term settle a message.
+var (
+	ack  = jetstream.Msg.Ack
+	term = jetstream.Msg.Term
+)
+
+// key returns id as the record's key, hashed when the core would refuse it.
+func (c *Consumer) key(id string) string {
+	ok := len(id) >= c.cfg.Idem.MinKeyLength && len(id) <= idem.MaxKeyLength
+	for i := 0; ok && i < len(id); i++ {
+		ok = id[i] >= 0x20 && id[i] < 0x7f
+	}
+	if ok {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// retryDelay returns RetryDelay when set, else the core's estimate (at
+// least a second).
+func (c *Consumer) retryDelay(estimate time.Duration) time.Duration {
+	if c.cfg.RetryDelay > 0 {
+		return c.cfg.RetryDelay
+	}
+	return max(estimate, time.Second)
+}
+
+// nak returns the settle function that naks with delay (at once for 0).
+func (c *Consumer) nak(delay time.Duration) func(jetstream.Msg) error {
+	if delay <= 0 {
+		return jetstream.Msg.Nak
+	}
+	return func(msg jetstream.Msg) error { return msg.NakWithDelay(delay) }
+}
+
+// delivery is one message being processed.
+type delivery struct {
+	c        *Consumer
+	msg      jetstream.Msg
+	md       *jetstream.MsgMetadata
+	endpoint string
+	id       idemstore.Identity
+}
+
+// settle acks, naks or terminates the message with f, logs what happened
+// at level and returns o with err (or f's error).
+func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, f func(jetstream.Msg) error) (Outcome, error) {
+	serr := f(d.msg)
+	log := d.c.log
+	if serr != nil {
+		level = max(level, slog.LevelWarn)
+		text += " (settling the message failed; JetStream redelivers it after AckWait)"
+	}
+	if log.Enabled(context.Background(), level) {
+		attrs := []any{"outcome", string(o), "endpoint", d.endpoint,
+			"stream_seq", d.md.Sequence.Stream, "num_delivered", d.md.NumDelivered}
+		if d.id.Key != "" {
+			attrs = append(attrs, "key_hash", d.id.LogHash())
+		}
+		if err != nil && err != errMissingID {
+			attrs = append(attrs, "error", err)
+		}
+		if serr != nil {
+			attrs = append(attrs, "settle_error", serr)
+		}
+		log.Log(context.Background(), level, text, attrs...)
+	}
+	if err == nil {
+		err = serr
+	}
+	return o, err
+}
