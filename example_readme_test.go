@@ -97,6 +97,7 @@ func Example_readmeClient() {
 	defer resp.Body.Close()
 	fmt.Println(resp.StatusCode, resp.Replayed, resp.Attempts, len(resp.Key))
 	// README
+
 	// Output:
 	// 201 false 1 36
 }
@@ -121,11 +122,12 @@ func Example_readmeStandardClientWithKey() {
 			log.Fatal(err)
 		}
 		resp.Body.Close()
-		fmt.Println(resp.StatusCode, resp.Header.Get("Idempotent-Replayed")) // 201, then 201 true
+		fmt.Println(resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true") // 201 false, then 201 true
 	}
 	// README
+
 	// Output:
-	// 201
+	// 201 false
 	// 201 true
 }
 
@@ -156,6 +158,7 @@ func Example_readmePlainFunctions() {
 		fmt.Println(id, err)
 	}
 	// README
+
 	// Output:
 	// crediting acct_9 500
 	// credit_1 <nil>
