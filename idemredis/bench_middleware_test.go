@@ -1,6 +1,7 @@
 package idemredis_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +39,10 @@ import (
 // (benchkit.RawVariants).
 //
 //	go test -run '^$' -bench 'Redis(NewKey|Replay)$' -count 6 .
+//
+// With IDEM_BENCH_REDIS_CPU=1, when the Redis at IDEM_TEST_REDIS_URL serves
+// the benchmark alone (a redis-server of its own), they also report the
+// server's work per operation (see redisWork).
 
 const redisBenchParallelism = 4
 
@@ -189,6 +195,7 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 	var n atomic.Int64
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -196,6 +203,7 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
 		}
 	})
+	work.report()
 }
 
 // BenchmarkMiddlewareRedisReplay replays one completed key through the
@@ -205,12 +213,14 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	p.learn(b)
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			p.serve(b, "probe", benchkit.Body, true)
 		}
 	})
+	work.report()
 }
 
 // The positions of the arguments the raw loop changes (ARGV[1] is 0 here),
@@ -272,6 +282,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 	var n atomic.Int64
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		rkeys := make([]string, len(reserve.keys))
@@ -308,6 +319,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			}
 		}
 	})
+	work.report()
 }
 
 // rawMember names the raw loop's record number i as the store names a
@@ -333,6 +345,7 @@ func rawRedisReplay(b *testing.B, handler bool) {
 	ctx := context.Background()
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		args := append([]any(nil), reserve.args...)
@@ -348,4 +361,108 @@ func rawRedisReplay(b *testing.B, handler bool) {
 			}
 		}
 	})
+	work.report()
+}
+
+// redisWork measures the Redis server's work over a benchmark's loop: the
+// CPU time of the server process (user + system, as getrusage gives it to
+// INFO cpu: /proc/PID/stat's utime + stime at microsecond resolution) and
+// the time its commands ran (INFO commandstats), per operation. It is on
+// only with IDEM_BENCH_REDIS_CPU=1, and then the server must serve the
+// benchmark alone.
+type redisWork struct {
+	b      *testing.B
+	client *redis.Client
+	cpu    float64 // seconds, at the start
+}
+
+func startRedisWork(b *testing.B, client *redis.Client) *redisWork {
+	if os.Getenv("IDEM_BENCH_REDIS_CPU") != "1" {
+		return nil
+	}
+	ctx := context.Background()
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	return &redisWork{b: b, client: client, cpu: redisInfoCPU(b, client)}
+}
+
+// report reports, per operation: redis-cpu-µs (the server's CPU time),
+// redis-script-µs (the time EVALSHA and EVAL ran, the commands they call
+// included) and redis-calls (the commands the scripts called); it logs
+// the calls of each command.
+func (w *redisWork) report() {
+	if w == nil {
+		return
+	}
+	b := w.b
+	b.StopTimer()
+	cpu := redisInfoCPU(b, w.client) - w.cpu
+	stats := redisInfo(b, w.client, "commandstats")
+	n := float64(b.N)
+	var script, calls float64
+	var each []string
+	for name, v := range stats {
+		name = strings.TrimPrefix(name, "cmdstat_")
+		c, us := commandStat(v)
+		switch {
+		case name == "evalsha", name == "eval":
+			script += us
+		case name == "info", strings.HasPrefix(name, "config"):
+		default:
+			calls += c
+			each = append(each, fmt.Sprintf("%s %.2f", name, c/n))
+		}
+	}
+	b.ReportMetric(cpu*1e6/n, "redis-cpu-µs/op")
+	b.ReportMetric(script/n, "redis-script-µs/op")
+	b.ReportMetric(calls/n, "redis-calls/op")
+	b.Logf("commands per operation (N=%d): %s", b.N, strings.Join(each, ", "))
+}
+
+// redisInfoCPU returns the server's CPU time so far, user + system, in
+// seconds.
+func redisInfoCPU(b *testing.B, client *redis.Client) float64 {
+	m := redisInfo(b, client, "cpu")
+	var sum float64
+	for _, f := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, err := strconv.ParseFloat(m[f], 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %s: %v", f, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// redisInfo returns the fields of an INFO section.
+func redisInfo(b *testing.B, client *redis.Client, section string) map[string]string {
+	text, err := client.Info(context.Background(), section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// commandStat reads calls and usec from a commandstats value
+// ("calls=3,usec=12,usec_per_call=4.00,...").
+func commandStat(v string) (calls, usec float64) {
+	for _, kv := range strings.Split(v, ",") {
+		k, val, _ := strings.Cut(kv, "=")
+		f, _ := strconv.ParseFloat(val, 64)
+		switch k {
+		case "calls":
+			calls = f
+		case "usec":
+			usec = f
+		}
+	}
+	return calls, usec
 }
