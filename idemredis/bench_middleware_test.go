@@ -239,25 +239,26 @@ func micros(b *testing.B, v any) int64 {
 	return n
 }
 
-// reserveTimes are the offsets from now of the reserve script's other
-// times (lease end, retention end, prune horizon), as recorded.
-type reserveTimes struct{ lockedUntil, expiresAt, prune int64 }
+// reserveTimes are the offset from now of the reserve script's lease end,
+// as recorded, and the builder of its record argument.
+type reserveTimes struct {
+	lockedUntil int64
+	record      func(key, token string, now int64) string
+}
 
 func reserveTimesOf(b *testing.B, c scriptCall) reserveTimes {
 	now := micros(b, c.args[reserveArg.Now])
 	return reserveTimes{
 		lockedUntil: micros(b, c.args[reserveArg.LockedUntil]) - now,
-		expiresAt:   micros(b, c.args[reserveArg.ExpiresAt]) - now,
-		prune:       micros(b, c.args[reserveArg.Prune]) - now,
+		record:      idemredis.NewRecordBuilder(fmt.Sprint(c.args[reserveArg.Record])),
 	}
 }
 
-// set writes the times of a reserve call at now into args.
-func (t reserveTimes) set(args []any, now int64) {
+// set writes a reserve call at now for key and token into args.
+func (t reserveTimes) set(args []any, key, token string, now int64) {
 	args[reserveArg.Now] = strconv.FormatInt(now, 10)
 	args[reserveArg.LockedUntil] = strconv.FormatInt(now+t.lockedUntil, 10)
-	args[reserveArg.ExpiresAt] = strconv.FormatInt(now+t.expiresAt, 10)
-	args[reserveArg.Prune] = strconv.FormatInt(now+t.prune, 10)
+	args[reserveArg.Record] = t.record(key, token, now)
 }
 
 // BenchmarkRawRedisNewKey is BenchmarkMiddlewareRedisNewKey's two scripts
@@ -300,9 +301,9 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			for j, k := range complete.keys {
 				ckeys[j] = rename(k, t, m)
 			}
-			times.set(rargs, time.Now().UnixMicro())
 			token := m[:32]
-			rargs[reserveArg.Key], rargs[reserveArg.Token], rargs[reserveArg.Member] = key, token, m
+			times.set(rargs, key, token, time.Now().UnixMicro())
+			rargs[reserveArg.Member] = m
 			rargs[reserveArg.Channel] = rename(fmt.Sprint(reserve.args[reserveArg.Channel]), t, m)
 			vals, err := p.client.EvalSha(ctx, reserve.sha, rkeys, rargs...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(1) {
@@ -349,9 +350,8 @@ func rawRedisReplay(b *testing.B, handler bool) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		args := append([]any(nil), reserve.args...)
-		args[reserveArg.Token] = "retry"
 		for pb.Next() {
-			times.set(args, time.Now().UnixMicro())
+			times.set(args, "probe", "retry", time.Now().UnixMicro())
 			vals, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(0) {
 				b.Fatalf("replay: %v (%v)", err, vals)
@@ -390,7 +390,7 @@ func startRedisWork(b *testing.B, client *redis.Client) *redisWork {
 // report reports, per operation: redis-cpu-µs (the server's CPU time),
 // redis-script-µs (the time EVALSHA and EVAL ran, the commands they call
 // included) and redis-calls (the commands the scripts called); it logs
-// the calls of each command.
+// the calls of each command and the time they ran, per operation.
 func (w *redisWork) report() {
 	if w == nil {
 		return
@@ -411,7 +411,7 @@ func (w *redisWork) report() {
 		case name == "info", strings.HasPrefix(name, "config"):
 		default:
 			calls += c
-			each = append(each, fmt.Sprintf("%s %.2f", name, c/n))
+			each = append(each, fmt.Sprintf("%s %.2f (%.2f µs)", name, c/n, us/n))
 		}
 	}
 	b.ReportMetric(cpu*1e6/n, "redis-cpu-µs/op")

@@ -12,6 +12,7 @@ end
 if r.state ~= 'in_progress' or lease_expired(r, now) then
   return lease_lost()
 end
-redis.call('HSET', KEYS[1], 'locked_until', ARGV[3], 'updated_at', ARGV[1])
+r.locked_until, r.updated_at = ARGV[3], ARGV[1]
+save(KEYS[1], r, 'keep')
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
