@@ -392,3 +392,50 @@ func identities(rs []*idemstore.Record) []idemstore.Identity {
 	}
 	return out
 }
+
+// TestExpiryIndexPruned checks that a completion whose member ends in 0
+// drops up to 64 stale entries (an hour past due) of its bucket's expiry
+// index, and that other completions drop none.
+func TestExpiryIndexPruned(t *testing.T) {
+	t.Parallel()
+	client := sharedClient(t)
+	clock := idemtest.NewClock(time.Now().Truncate(time.Second))
+	s := newTestStore(t, client, clock.Now)
+	ctx := t.Context()
+	find := func(prune bool) idemstore.Identity {
+		for i := 0; ; i++ {
+			id := testID
+			id.Key = "k" + strconv.Itoa(i)
+			if m := s.keysOf(id).member; (m[len(m)-1] == '0') == prune {
+				return id
+			}
+		}
+	}
+	for _, prune := range []bool{false, true} {
+		id := find(prune)
+		k := s.keysOf(id)
+		stale := clock.Now().Add(-pruneAfter - time.Minute).UnixMicro()
+		for i := range 100 {
+			client.ZAdd(ctx, k.expiry, redis.Z{Score: float64(stale + int64(i)), Member: "stale-" + strconv.Itoa(i)})
+		}
+		p := reserveParams("t", "")
+		p.Identity = id
+		if _, err := s.KeyReserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "t", Response: &idemstore.Response{Status: 200}}); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(101) // the stale entries and the record's
+		if prune {
+			want = 101 - 64
+		}
+		if n := client.ZCard(ctx, k.expiry).Val(); n != want {
+			t.Errorf("member %s: expiry index of %d entries, want %d", k.member, n, want)
+		}
+		if _, err := client.ZScore(ctx, k.expiry, k.member).Result(); err != nil {
+			t.Errorf("the completed record is not in the expiry index: %v", err)
+		}
+		client.Del(ctx, k.expiry)
+	}
+}

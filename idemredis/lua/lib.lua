@@ -22,34 +22,49 @@
 local HEAD = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+);()'
 
 -- decode returns the record v as a table, or nil when v is not a record.
+-- It keeps the lengths of the variable fields as read (r.lengths) for
+-- encode.
 local function decode(v)
   local r = {}
-  local nt, nf, ns, ne, nk, nrp, nre, nh, p
+  local n = {}
+  local p
   r.state, r.lease_expired_state, r.locked_until, r.expires_at, r.ttl,
     r.created_at, r.started_at, r.updated_at, r.attempts, r.reconcile_after,
     r.reconcile_attempts, r.waiters, r.not_replayable, r.status,
-    nt, nf, ns, ne, nk, nrp, nre, nh, p = string.match(v, HEAD)
+    n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], p = string.match(v, HEAD)
   if not p then
     return nil
   end
-  local q = p + tonumber(nt)
+  local q = p + tonumber(n[1])
   r.token = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(nf)
+  p, q = q, q + tonumber(n[2])
   r.fingerprint = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(ns)
+  p, q = q, q + tonumber(n[3])
   r.scope = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(ne)
+  p, q = q, q + tonumber(n[4])
   r.endpoint = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(nk)
+  p, q = q, q + tonumber(n[5])
   r.key = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(nrp)
+  p, q = q, q + tonumber(n[6])
   r.recovery_point = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(nre)
+  p, q = q, q + tonumber(n[7])
   r.reconcile_error = string.sub(v, p, q - 1)
-  p, q = q, q + tonumber(nh)
+  p, q = q, q + tonumber(n[8])
   r.header = string.sub(v, p, q - 1)
   r.body = string.sub(v, q)
+  r.lengths = n
   return r
+end
+
+-- length returns the length of the i-th variable field, v, for the head:
+-- as decode read it when it is the same (Lua formats a number with
+-- sprintf, which costs more than the comparison).
+local function length(r, i, v)
+  local was = r.lengths and r.lengths[i]
+  if was and tonumber(was) == #v then
+    return was
+  end
+  return #v
 end
 
 -- encode returns the record r as stored.
@@ -57,9 +72,11 @@ local function encode(r)
   return table.concat({'2', r.state, r.lease_expired_state, r.locked_until,
       r.expires_at, r.ttl, r.created_at, r.started_at, r.updated_at,
       r.attempts, r.reconcile_after, r.reconcile_attempts, r.waiters,
-      r.not_replayable, r.status, #r.token, #r.fingerprint, #r.scope,
-      #r.endpoint, #r.key, #r.recovery_point, #r.reconcile_error,
-      #r.header}, ',')
+      r.not_replayable, r.status, length(r, 1, r.token),
+      length(r, 2, r.fingerprint), length(r, 3, r.scope),
+      length(r, 4, r.endpoint), length(r, 5, r.key),
+      length(r, 6, r.recovery_point), length(r, 7, r.reconcile_error),
+      length(r, 8, r.header)}, ',')
     .. ';' .. r.token .. r.fingerprint .. r.scope .. r.endpoint .. r.key
     .. r.recovery_point .. r.reconcile_error .. r.header .. r.body
 end
@@ -176,14 +193,19 @@ local function turned_unknown(k, m, r, now_arg)
   redis.call('ZADD', k.reconcile, r.reconcile_after, m)
 end
 
--- expiry_indexed adds a settled record to the expiry index, and drops up to
--- four entries of its bucket that are PRUNE_AFTER_US past due: their records
--- were removed by Redis's TTL long ago, and nobody may run KeyReap.
+-- expiry_indexed adds a settled record to the expiry index. One settlement
+-- in 16 (those whose member, a hex SHA-256, ends in 0) also drops up to 64
+-- entries of its bucket that are PRUNE_AFTER_US past due: their records
+-- were removed by Redis's TTL long ago, and nobody may run KeyReap. That is
+-- four entries per settlement, as often as records expire, for a sixteenth
+-- of the lookups.
 local function expiry_indexed(expiry, m, expires_at, now)
-  local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
-    '(' .. string.format('%d', now - PRUNE_AFTER_US), 'LIMIT', 0, 4)
-  for _, s in ipairs(stale) do
-    redis.call('ZREM', expiry, s)
+  if string.byte(m, -1) == 48 then
+    local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
+      '(' .. string.format('%d', now - PRUNE_AFTER_US), 'LIMIT', 0, 64)
+    if #stale > 0 then
+      redis.call('ZREM', expiry, unpack(stale))
+    end
   end
   redis.call('ZADD', expiry, expires_at, m)
 end
