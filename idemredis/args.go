@@ -19,11 +19,14 @@ type reserveArgs struct {
 	record      string // the new record, as stored (newRecordValue)
 	lockedUntil int64
 	redisTTL    int64 // milliseconds, for PX; 0 for none
+	// expiryScore is the record's expires_at when the expiry index must
+	// list it from the start, otherwise 0.
+	expiryScore int64
 }
 
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+6), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.record, a.lockedUntil, a.redisTTL, k.member, k.channel)
+	return append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.record, a.lockedUntil, a.redisTTL, k.member, k.channel, a.expiryScore)
 }
 
 // completeArgs are complete.lua's arguments.
@@ -64,7 +67,7 @@ type renewArgs struct {
 }
 
 func (a renewArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+2+4), argKeys2, k.record, k.index,
+	return append(newCall(1+3+4), argKeys3, k.record, k.index, k.expiry,
 		a.now, a.token, a.lockedUntil, k.member)
 }
 

@@ -439,3 +439,48 @@ func TestExpiryIndexPruned(t *testing.T) {
 		client.Del(ctx, k.expiry)
 	}
 }
+
+// TestReapInProgressPastRetention checks that KeyReap finds an in-progress
+// record whose lease outlives its retention (it is gone past ExpiresAt
+// while its lease runs), whether the reservation or a renewal made the
+// lease that long.
+func TestReapInProgressPastRetention(t *testing.T) {
+	t.Parallel()
+	client := sharedClient(t)
+	clock := idemtest.NewClock(time.Now().Truncate(time.Second))
+	s := newTestStore(t, client, clock.Now)
+	ctx := t.Context()
+	long := testID
+	long.Key = "lease-longer-than-ttl"
+	p := &idemstore.ReserveParams{Identity: long, Fingerprint: "fp", Token: "t1", Lease: time.Hour, TTL: time.Minute}
+	if _, err := s.KeyReserve(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	renewed := testID
+	renewed.Key = "renewed-past-ttl"
+	p2 := &idemstore.ReserveParams{Identity: renewed, Fingerprint: "fp", Token: "t2", Lease: 30 * time.Second, TTL: time.Minute}
+	if _, err := s.KeyReserve(ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.KeyRenew(ctx, &idemstore.RenewParams{Identity: renewed, Token: "t2", Lease: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	short := testID
+	short.Key = "lease-within-ttl"
+	p3 := &idemstore.ReserveParams{Identity: short, Fingerprint: "fp", Token: "t3", Lease: 30 * time.Second, TTL: time.Hour}
+	if _, err := s.KeyReserve(ctx, p3); err != nil {
+		t.Fatal(err)
+	}
+	if k := s.keysOf(short); client.ZScore(ctx, k.expiry, k.member).Err() != redis.Nil {
+		t.Errorf("an in-progress record whose lease ends within its retention is in the expiry index")
+	}
+	clock.Advance(2 * time.Minute)
+	for _, id := range []idemstore.Identity{long, renewed} {
+		if _, err := s.KeyGet(ctx, id); !errors.Is(err, idemstore.ErrNotFound) {
+			t.Fatalf("KeyGet of %s past its retention = %v, want ErrNotFound", id.Key, err)
+		}
+	}
+	if n, err := s.KeyReap(ctx, &idemstore.ReapParams{}); err != nil || n != 2 {
+		t.Fatalf("KeyReap = %d, %v; want 2", n, err)
+	}
+}

@@ -38,8 +38,9 @@
 // lease index, <Prefix>{<bucket>}:leases, of its in_progress records scored
 // by the end of their lease (for KeySweep; a record leaves it when it
 // settles), and an expiry index, <Prefix>{<bucket>}:expiry, of its settled
-// (completed or released) records, and of in_progress ones whose lease
-// turns released, scored by expires_at (for KeyReap; about 100 bytes per
+// (completed or released) records, and of in_progress ones that may
+// expire in progress (their lease turns released, or outlives their
+// retention), scored by expires_at (for KeyReap; about 100 bytes per
 // record; unknown records leave it until settled). Two more list the
 // unknown records: a backlog index, <Prefix>{<bucket>}:unknown, scored by
 // when each turned unknown (for KeyBacklog), and a reconcile index,

@@ -58,7 +58,7 @@ func loadScript(name string) *script {
 // The command names and key counts, boxed once.
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
-	argKeys1, argKeys2  any = 1, 2
+	argKeys1            any = 1
 	argKeys3, argKeys5  any = 3, 5
 )
 

@@ -127,6 +127,11 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		// from the start.
 		a.redisTTL = (ttl + ttlSlack).Milliseconds()
 	}
+	if les == idemstore.StateReleased || lockedUntil > expiresAt {
+		// It may expire in progress (its lease turns released, or outlives
+		// the retention): KeyReap must find it before it settles.
+		a.expiryScore = expiresAt
+	}
 	vals, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))

@@ -8,7 +8,8 @@
 -- sorted set of the in_progress records of that bucket, scored by
 -- locked_until. KEYS[3], where a script takes it, is the expiry index of the
 -- bucket: the settled (completed or released) records of the bucket, and the
--- in_progress ones whose lease turns released, scored by expires_at. The keys share a hash tag, so every script touches one slot
+-- in_progress ones that may expire in progress (their lease turns released,
+-- or outlives their retention), scored by expires_at. The keys share a hash tag, so every script touches one slot
 -- and is Cluster-safe. Times are decimal Unix microseconds passed in ARGV
 -- from the store's clock; they are stored as the strings given (never
 -- formatted by Lua, whose %.14g would round them) and only compared here.

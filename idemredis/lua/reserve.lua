@@ -6,7 +6,10 @@
 -- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
 -- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 for none: a lease
--- that expires into unknown), ARGV[5] index member, ARGV[6] channel
+-- that expires into unknown), ARGV[5] index member, ARGV[6] channel,
+-- ARGV[7] its expires_at when the expiry index must list it from the start
+-- (it may expire in progress: its lease turns released or outlives its
+-- retention), otherwise 0
 -- Returns {1} for a new record (the one of the arguments), otherwise
 -- {reserved (0 or 1), record}.
 local now = tonumber(ARGV[1])
@@ -24,10 +27,10 @@ if not r then
   if ARGV[4] == '0' then
     redis.call('SET', KEYS[1], ARGV[2])
   else
-    -- Its lease turns released, and a released record past its retention
-    -- is reaped: the expiry index lists it from the start.
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-    expiry_indexed(KEYS[3], ARGV[5], decode(ARGV[2]).expires_at, now)
+  end
+  if ARGV[7] ~= '0' then
+    expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
   end
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
   return {1}
