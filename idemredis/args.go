@@ -15,21 +15,18 @@ package idemredis
 
 // reserveArgs are reserve.lua's arguments.
 type reserveArgs struct {
-	now                                      int64 // Unix microseconds, as every time below
-	scope, endpoint, key, fingerprint, token string
-	lockedUntil                              int64
-	leaseExpiredState                        any // stateArg
-	expiresAt                                int64
-	redisTTL                                 int64 // milliseconds, for PEXPIRE
-	prune                                    int64 // expiry index entries before it may go
-	ttl                                      int64 // the retention, in microseconds
+	now         int64  // Unix microseconds, as every time below
+	record      string // the new record, as stored (newRecordValue)
+	lockedUntil int64
+	redisTTL    int64 // milliseconds, for PX; 0 for none
+	// expiryScore is the record's expires_at when the expiry index must
+	// list it from the start, otherwise 0.
+	expiryScore int64
 }
 
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+14), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.scope, a.endpoint, a.key, a.fingerprint, a.token,
-		a.lockedUntil, a.leaseExpiredState, a.expiresAt, a.redisTTL,
-		k.member, k.channel, a.prune, a.ttl)
+	return append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.record, a.lockedUntil, a.redisTTL, k.member, k.channel, a.expiryScore)
 }
 
 // completeArgs are complete.lua's arguments.
@@ -70,7 +67,7 @@ type renewArgs struct {
 }
 
 func (a renewArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+2+4), argKeys2, k.record, k.index,
+	return append(newCall(1+3+4), argKeys3, k.record, k.index, k.expiry,
 		a.now, a.token, a.lockedUntil, k.member)
 }
 
@@ -136,6 +133,15 @@ type indexArgs struct {
 
 func (a indexArgs) keysArgs(k recordKeys) ([]string, []any) {
 	return k.all(), []any{a.now, k.member, k.channel}
+}
+
+// waitArgs are wait.lua's arguments.
+type waitArgs struct {
+	now int64
+}
+
+func (a waitArgs) call(k *boxedKeys) []any {
+	return append(newCall(1+1+1), argKeys1, k.record, a.now)
 }
 
 // claimArgs are reconcile_claim.lua's arguments.

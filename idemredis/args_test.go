@@ -53,7 +53,7 @@ func TestArgsMatchScripts(t *testing.T) {
 		script string
 		call   []any
 	}{
-		{"reserve.lua", reserveArgs{leaseExpiredState: argUnknown}.call(k.boxed)},
+		{"reserve.lua", reserveArgs{}.call(k.boxed)},
 		{"complete.lua", completeArgs{resp: resp}.call(k.boxed)},
 		{"release.lua", finishArgs{}.call(k.boxed)},
 		{"mark_unknown.lua", finishArgs{}.call(k.boxed)},
@@ -63,6 +63,7 @@ func TestArgsMatchScripts(t *testing.T) {
 		{"reseal.lua", resealArgs{resp: resp}.call(k.boxed)},
 		{"purge.lua", purgeArgs{}.call(k.boxed)},
 		{"reconcile_fail.lua", reconcileFailArgs{}.call(k.boxed)},
+		{"wait.lua", waitArgs{}.call(k.boxed)},
 	}
 	tag := k.record[:strings.IndexByte(k.record, '}')+1]
 	for _, c := range calls {

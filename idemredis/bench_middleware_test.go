@@ -1,6 +1,7 @@
 package idemredis_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +39,10 @@ import (
 // (benchkit.RawVariants).
 //
 //	go test -run '^$' -bench 'Redis(NewKey|Replay)$' -count 6 .
+//
+// With IDEM_BENCH_REDIS_CPU=1, when the Redis at IDEM_TEST_REDIS_URL serves
+// the benchmark alone (a redis-server of its own), they also report the
+// server's work per operation (see redisWork).
 
 const redisBenchParallelism = 4
 
@@ -189,6 +195,7 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 	var n atomic.Int64
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -196,6 +203,7 @@ func BenchmarkMiddlewareRedisNewKey(b *testing.B) {
 			p.serve(b, "key-"+strconv.FormatInt(i, 10), benchkit.BodyN(i), false)
 		}
 	})
+	work.report()
 }
 
 // BenchmarkMiddlewareRedisReplay replays one completed key through the
@@ -205,12 +213,14 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	p.learn(b)
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			p.serve(b, "probe", benchkit.Body, true)
 		}
 	})
+	work.report()
 }
 
 // The positions of the arguments the raw loop changes (ARGV[1] is 0 here),
@@ -229,25 +239,26 @@ func micros(b *testing.B, v any) int64 {
 	return n
 }
 
-// reserveTimes are the offsets from now of the reserve script's other
-// times (lease end, retention end, prune horizon), as recorded.
-type reserveTimes struct{ lockedUntil, expiresAt, prune int64 }
+// reserveTimes are the offset from now of the reserve script's lease end,
+// as recorded, and the builder of its record argument.
+type reserveTimes struct {
+	lockedUntil int64
+	record      func(key, token string, now int64) string
+}
 
 func reserveTimesOf(b *testing.B, c scriptCall) reserveTimes {
 	now := micros(b, c.args[reserveArg.Now])
 	return reserveTimes{
 		lockedUntil: micros(b, c.args[reserveArg.LockedUntil]) - now,
-		expiresAt:   micros(b, c.args[reserveArg.ExpiresAt]) - now,
-		prune:       micros(b, c.args[reserveArg.Prune]) - now,
+		record:      idemredis.NewRecordBuilder(fmt.Sprint(c.args[reserveArg.Record])),
 	}
 }
 
-// set writes the times of a reserve call at now into args.
-func (t reserveTimes) set(args []any, now int64) {
+// set writes a reserve call at now for key and token into args.
+func (t reserveTimes) set(args []any, key, token string, now int64) {
 	args[reserveArg.Now] = strconv.FormatInt(now, 10)
 	args[reserveArg.LockedUntil] = strconv.FormatInt(now+t.lockedUntil, 10)
-	args[reserveArg.ExpiresAt] = strconv.FormatInt(now+t.expiresAt, 10)
-	args[reserveArg.Prune] = strconv.FormatInt(now+t.prune, 10)
+	args[reserveArg.Record] = t.record(key, token, now)
 }
 
 // BenchmarkRawRedisNewKey is BenchmarkMiddlewareRedisNewKey's two scripts
@@ -272,6 +283,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 	var n atomic.Int64
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		rkeys := make([]string, len(reserve.keys))
@@ -289,9 +301,9 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			for j, k := range complete.keys {
 				ckeys[j] = rename(k, t, m)
 			}
-			times.set(rargs, time.Now().UnixMicro())
 			token := m[:32]
-			rargs[reserveArg.Key], rargs[reserveArg.Token], rargs[reserveArg.Member] = key, token, m
+			times.set(rargs, key, token, time.Now().UnixMicro())
+			rargs[reserveArg.Member] = m
 			rargs[reserveArg.Channel] = rename(fmt.Sprint(reserve.args[reserveArg.Channel]), t, m)
 			vals, err := p.client.EvalSha(ctx, reserve.sha, rkeys, rargs...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(1) {
@@ -308,6 +320,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			}
 		}
 	})
+	work.report()
 }
 
 // rawMember names the raw loop's record number i as the store names a
@@ -333,12 +346,12 @@ func rawRedisReplay(b *testing.B, handler bool) {
 	ctx := context.Background()
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
+	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		args := append([]any(nil), reserve.args...)
-		args[reserveArg.Token] = "retry"
 		for pb.Next() {
-			times.set(args, time.Now().UnixMicro())
+			times.set(args, "probe", "retry", time.Now().UnixMicro())
 			vals, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Slice()
 			if err != nil || len(vals) == 0 || vals[0] != int64(0) {
 				b.Fatalf("replay: %v (%v)", err, vals)
@@ -348,4 +361,108 @@ func rawRedisReplay(b *testing.B, handler bool) {
 			}
 		}
 	})
+	work.report()
+}
+
+// redisWork measures the Redis server's work over a benchmark's loop: the
+// CPU time of the server process (user + system, as getrusage gives it to
+// INFO cpu: /proc/PID/stat's utime + stime at microsecond resolution) and
+// the time its commands ran (INFO commandstats), per operation. It is on
+// only with IDEM_BENCH_REDIS_CPU=1, and then the server must serve the
+// benchmark alone.
+type redisWork struct {
+	b      *testing.B
+	client *redis.Client
+	cpu    float64 // seconds, at the start
+}
+
+func startRedisWork(b *testing.B, client *redis.Client) *redisWork {
+	if os.Getenv("IDEM_BENCH_REDIS_CPU") != "1" {
+		return nil
+	}
+	ctx := context.Background()
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	return &redisWork{b: b, client: client, cpu: redisInfoCPU(b, client)}
+}
+
+// report reports, per operation: redis-cpu-µs (the server's CPU time),
+// redis-script-µs (the time EVALSHA and EVAL ran, the commands they call
+// included) and redis-calls (the commands the scripts called); it logs
+// the calls of each command and the time they ran, per operation.
+func (w *redisWork) report() {
+	if w == nil {
+		return
+	}
+	b := w.b
+	b.StopTimer()
+	cpu := redisInfoCPU(b, w.client) - w.cpu
+	stats := redisInfo(b, w.client, "commandstats")
+	n := float64(b.N)
+	var script, calls float64
+	var each []string
+	for name, v := range stats {
+		name = strings.TrimPrefix(name, "cmdstat_")
+		c, us := commandStat(v)
+		switch {
+		case name == "evalsha", name == "eval":
+			script += us
+		case name == "info", strings.HasPrefix(name, "config"):
+		default:
+			calls += c
+			each = append(each, fmt.Sprintf("%s %.2f (%.2f µs)", name, c/n, us/n))
+		}
+	}
+	b.ReportMetric(cpu*1e6/n, "redis-cpu-µs/op")
+	b.ReportMetric(script/n, "redis-script-µs/op")
+	b.ReportMetric(calls/n, "redis-calls/op")
+	b.Logf("commands per operation (N=%d): %s", b.N, strings.Join(each, ", "))
+}
+
+// redisInfoCPU returns the server's CPU time so far, user + system, in
+// seconds.
+func redisInfoCPU(b *testing.B, client *redis.Client) float64 {
+	m := redisInfo(b, client, "cpu")
+	var sum float64
+	for _, f := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, err := strconv.ParseFloat(m[f], 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %s: %v", f, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// redisInfo returns the fields of an INFO section.
+func redisInfo(b *testing.B, client *redis.Client, section string) map[string]string {
+	text, err := client.Info(context.Background(), section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// commandStat reads calls and usec from a commandstats value
+// ("calls=3,usec=12,usec_per_call=4.00,...").
+func commandStat(v string) (calls, usec float64) {
+	for _, kv := range strings.Split(v, ",") {
+		k, val, _ := strings.Cut(kv, "=")
+		f, _ := strconv.ParseFloat(val, 64)
+		switch k {
+		case "calls":
+			calls = f
+		case "usec":
+			usec = f
+		}
+	}
+	return calls, usec
 }

@@ -112,11 +112,11 @@ func BenchmarkRawReserveComplete(b *testing.B) {
 			member := strconv.FormatInt(i, 10)
 			k := s.bucketKeys(int(i%bucketCount), member).box()
 			now := time.Now().UnixMicro()
+			p := &idemstore.ReserveParams{Identity: idemstore.Identity{Scope: "bench", Endpoint: "POST /v1/payments", Key: member},
+				Fingerprint: "fp", Token: member}
 			err := rawEval(ctx, client, reserveScript, reserveArgs{
-				now: now, scope: "bench", endpoint: "POST /v1/payments", key: member,
-				fingerprint: "fp", token: member, lockedUntil: now + 30e6,
-				leaseExpiredState: argUnknown, expiresAt: now + 3600e6, redisTTL: 3660000,
-				prune: now - 3600e6, ttl: 3600e6,
+				now: now, lockedUntil: now + 30e6,
+				record: newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6),
 			}.call(k)).Err()
 			if err != nil {
 				b.Fatal(err)
@@ -148,11 +148,10 @@ func BenchmarkRawReplay(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			now := time.Now().UnixMicro()
+			p := &idemstore.ReserveParams{Identity: testID, Fingerprint: "fp", Token: "t2"}
 			vals, err := rawEval(ctx, client, reserveScript, reserveArgs{
-				now: now, scope: testID.Scope, endpoint: testID.Endpoint, key: testID.Key,
-				fingerprint: "fp", token: "t2", lockedUntil: now + 30e6,
-				leaseExpiredState: argUnknown, expiresAt: now + 3600e6, redisTTL: 3660000,
-				prune: now - 3600e6, ttl: 3600e6,
+				now: now, lockedUntil: now + 30e6,
+				record: newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6),
 			}.call(k)).Slice()
 			if err != nil || vals[0].(int64) != 0 {
 				b.Fatalf("raw replay: %v", err)

@@ -1,8 +1,10 @@
 package idemredis
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -70,18 +72,182 @@ func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse,
 	return encodedResponse{notReplayable: argFalse, status: status, header: header, body: r.Body}, nil
 }
 
-// recordFields are a record hash's values, as strings, before decoding.
+// A record is stored as one string (see lua/lib.lua, whose decode and encode
+// mirror parse and encodeFields here):
+//
+//	2,state,lease_expired_state,locked_until,expires_at,ttl,created_at,
+//	started_at,updated_at,attempts,reconcile_after,reconcile_attempts,
+//	waiters,not_replayable,status,#token,#fingerprint,#scope,#endpoint,#key,
+//	#recovery_point,#reconcile_error,#header;token fingerprint scope endpoint
+//	key recovery_point reconcile_error header body
+//
+// without the line breaks and spaces: a head of comma-separated fields, the
+// first the layout's version, that holds what the scripts decide on (states,
+// times, numbers: no commas in them) and the lengths (#, in bytes) of the
+// variable fields, which follow it one after the other, the body last. The
+// scripts read and write a record with one GET and one SET, and decode it
+// with one pattern match and a few substrings; Go slices the variable fields
+// out of the reply without copying them. waiters counts the KeyWait calls
+// registered since the record last changed (see wait.lua).
+//
+// Records of the earlier layout, a hash of the same fields by name, are
+// read through set and rewritten in this form by their next write.
+
+// recordFields are a record's values, as strings, before decoding.
 type recordFields struct {
 	scope, endpoint, key, fingerprint, state, token string
 	leaseExpiredState, notReplayable, recoveryPoint string
 	lockedUntil, startedAt, createdAt, updatedAt    string
 	expiresAt, attempts, status, header, body       string
 	ttl, reconcileAfter, reconcileAttempts          string
-	reconcileError                                  string
+	reconcileError, waiters                         string
 	hasStatus                                       bool
 }
 
-// set stores value as field k; unknown fields are ignored.
+// errCorrupt is returned for a stored record that is not in the layout.
+var errCorrupt = errors.New("decoding record: not a record")
+
+// errShort is returned by parsePrefix when the prefix ends before the key.
+var errShort = errors.New("decoding record: prefix too short")
+
+// parse reads the stored record v into f. The strings of f are slices of v.
+func (f *recordFields) parse(v string) error {
+	return f.parseUpTo(v, false)
+}
+
+// parsePrefix reads the head and the identity of a record from v, a prefix
+// of the stored record (GETRANGE), into f, or returns errShort.
+func (f *recordFields) parsePrefix(v string) error {
+	err := f.parseUpTo(v, true)
+	if err == errCorrupt && !strings.Contains(v, ";") {
+		return errShort
+	}
+	return err
+}
+
+func (f *recordFields) parseUpTo(v string, prefix bool) error {
+	head, rest, ok := strings.Cut(v, ";")
+	if !ok {
+		return errCorrupt
+	}
+	var h [23]string
+	for i := range h {
+		if i == len(h)-1 {
+			h[i] = head
+			break
+		}
+		var more bool
+		h[i], head, more = strings.Cut(head, ",")
+		if !more {
+			return errCorrupt
+		}
+	}
+	if h[0] != "2" {
+		return fmt.Errorf("decoding record: layout version %q", h[0])
+	}
+	f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt, f.ttl = h[1], h[2], h[3], h[4], h[5]
+	f.createdAt, f.startedAt, f.updatedAt, f.attempts = h[6], h[7], h[8], h[9]
+	f.reconcileAfter, f.reconcileAttempts, f.waiters = h[10], h[11], h[12]
+	f.notReplayable, f.status, f.hasStatus = h[13], h[14], h[14] != ""
+	for i, dst := range [...]*string{&f.token, &f.fingerprint, &f.scope, &f.endpoint,
+		&f.key, &f.recoveryPoint, &f.reconcileError, &f.header} {
+		n, err := strconv.Atoi(h[15+i])
+		if err != nil || n < 0 {
+			return errCorrupt
+		}
+		if n > len(rest) {
+			switch {
+			case !prefix:
+				return errCorrupt
+			case i <= 4: // token, fingerprint, scope, endpoint, key
+				return errShort
+			}
+			return nil // the identity is whole
+		}
+		*dst, rest = rest[:n], rest[n:]
+	}
+	if !prefix {
+		f.body = rest
+	}
+	return nil
+}
+
+// encodeFields returns f as stored. A field of f left empty that the
+// layout needs (a number) is written as its zero.
+func encodeFields(f *recordFields) string {
+	zero := func(s string) string {
+		if s == "" {
+			return "0"
+		}
+		return s
+	}
+	var b strings.Builder
+	b.WriteString("2")
+	for _, v := range [...]string{f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt,
+		f.ttl, f.createdAt, f.startedAt, f.updatedAt, zero(f.attempts),
+		zero(f.reconcileAfter), zero(f.reconcileAttempts), zero(f.waiters),
+		zero(f.notReplayable), f.status} {
+		b.WriteByte(',')
+		b.WriteString(v)
+	}
+	variable := [...]string{f.token, f.fingerprint, f.scope, f.endpoint, f.key,
+		f.recoveryPoint, f.reconcileError, f.header}
+	for _, v := range variable {
+		b.WriteByte(',')
+		b.WriteString(strconv.Itoa(len(v)))
+	}
+	b.WriteByte(';')
+	for _, v := range variable {
+		b.WriteString(v)
+	}
+	b.WriteString(f.body)
+	return b.String()
+}
+
+// newRecordValue returns, as stored, the in_progress record that a
+// reservation of p inserts at now (newRecord decodes it): encodeFields of
+// it, written in one allocation.
+func newRecordValue(p *idemstore.ReserveParams, les idemstore.State, now, lockedUntil, expiresAt, ttl int64) string {
+	var b strings.Builder
+	b.Grow(200 + len(p.Token) + len(p.Fingerprint) + len(p.Scope) + len(p.Endpoint) + len(p.Key))
+	var num [20]byte
+	writeInt := func(n int64) {
+		b.WriteByte(',')
+		b.Write(strconv.AppendInt(num[:0], n, 10))
+	}
+	b.WriteString("2,in_progress,")
+	b.WriteString(string(les))
+	writeInt(lockedUntil)
+	writeInt(expiresAt)
+	writeInt(ttl)
+	writeInt(now) // created_at
+	writeInt(now) // started_at
+	writeInt(now) // updated_at
+	// attempts, reconcile_after, reconcile_attempts, waiters, not_replayable,
+	// status (none)
+	b.WriteString(",1,0,0,0,0,")
+	for _, v := range [...]string{p.Token, p.Fingerprint, p.Scope, p.Endpoint, p.Key} {
+		writeInt(int64(len(v)))
+	}
+	// recovery_point, reconcile_error, header: empty
+	b.WriteString(",0,0,0;")
+	for _, v := range [...]string{p.Token, p.Fingerprint, p.Scope, p.Endpoint, p.Key} {
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// decodeRecord decodes a stored record.
+func decodeRecord(v string) (*idemstore.Record, error) {
+	var f recordFields
+	if err := f.parse(v); err != nil {
+		return nil, err
+	}
+	return f.record()
+}
+
+// set stores value as field k of a record of the earlier layout (a hash);
+// unknown fields are ignored.
 func (f *recordFields) set(k, v string) {
 	switch k {
 	case "scope":
@@ -128,27 +294,12 @@ func (f *recordFields) set(k, v string) {
 		f.reconcileAttempts = v
 	case "reconcile_error":
 		f.reconcileError = v
+	case "waiters":
+		f.waiters = v
 	}
 }
 
-// recordFromFlat decodes a field, value, ... list (HGETALL in a script).
-func recordFromFlat(vals []any) (*idemstore.Record, error) {
-	if len(vals) == 0 || len(vals)%2 != 0 {
-		return nil, fmt.Errorf("decoding record: %d values", len(vals))
-	}
-	var f recordFields
-	for i := 0; i < len(vals); i += 2 {
-		k, ok1 := vals[i].(string)
-		v, ok2 := vals[i+1].(string)
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("decoding record: unexpected %T, %T", vals[i], vals[i+1])
-		}
-		f.set(k, v)
-	}
-	return f.record()
-}
-
-// recordFromMap decodes a record hash.
+// recordFromMap decodes a record of the earlier layout, a hash.
 func recordFromMap(m map[string]string) (*idemstore.Record, error) {
 	var f recordFields
 	for k, v := range m {

@@ -70,24 +70,6 @@ func legacyRecordFromMap(m map[string]string) (*idemstore.Record, error) {
 	return r, nil
 }
 
-// legacyRecordFromFlat is recordFromFlat as it was: a map, then
-// legacyRecordFromMap.
-func legacyRecordFromFlat(vals []any) (*idemstore.Record, error) {
-	if len(vals) == 0 || len(vals)%2 != 0 {
-		return nil, fmt.Errorf("decoding record: %d values", len(vals))
-	}
-	m := make(map[string]string, len(vals)/2)
-	for i := 0; i < len(vals); i += 2 {
-		k, ok1 := vals[i].(string)
-		v, ok2 := vals[i+1].(string)
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("decoding record: unexpected %T, %T", vals[i], vals[i+1])
-		}
-		m[k] = v
-	}
-	return legacyRecordFromMap(m)
-}
-
 // fullRecord is a completed record's hash as the scripts write it.
 func fullRecord() []string {
 	return []string{
@@ -167,15 +149,10 @@ func decodeCases() map[string][]any {
 	return cases
 }
 
-// checkDecode compares recordFromFlat and recordFromMap on vals with the
-// legacy decoder.
+// checkDecode compares recordFromMap on vals (field, value, ...), a record
+// hash of the earlier layout, with the legacy decoder.
 func checkDecode(t *testing.T, vals []any) {
 	t.Helper()
-	want, wantErr := legacyRecordFromFlat(vals)
-	got, err := recordFromFlat(vals)
-	if fmt.Sprint(err) != fmt.Sprint(wantErr) || !reflect.DeepEqual(got, want) {
-		t.Fatalf("recordFromFlat(%q) = %+v, %v; want %+v, %v", vals, got, err, want, wantErr)
-	}
 	if len(vals) == 0 || len(vals)%2 != 0 {
 		return
 	}
@@ -188,8 +165,8 @@ func checkDecode(t *testing.T, vals []any) {
 		}
 		m[k] = v
 	}
-	want, wantErr = legacyRecordFromMap(m)
-	got, err = recordFromMap(m)
+	want, wantErr := legacyRecordFromMap(m)
+	got, err := recordFromMap(m)
 	if fmt.Sprint(err) != fmt.Sprint(wantErr) || !reflect.DeepEqual(got, want) {
 		t.Fatalf("recordFromMap(%q) = %+v, %v; want %+v, %v", m, got, err, want, wantErr)
 	}
@@ -201,7 +178,7 @@ func TestDecodeMatchesLegacy(t *testing.T) {
 	}
 	// The full record must decode; a test whose cases all fail to decode
 	// would compare nothing but errors.
-	r, err := recordFromFlat(flat(fullRecord()))
+	r, err := recordFromMap(hashOf(fullRecord()))
 	if err != nil || r.Response == nil || r.Response.Status != 201 || r.Response.Header.Get("Location") != "/v1/payments/pay_123" {
 		t.Fatalf("full record = %+v, %v", r, err)
 	}
@@ -228,11 +205,24 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
+// hashOf returns kv (field, value, ...) as a map.
+func hashOf(kv []string) map[string]string {
+	m := make(map[string]string, len(kv)/2)
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return m
+}
+
 func BenchmarkDecodeRecord(b *testing.B) {
-	vals := flat(fullRecord())
+	var f recordFields
+	for k, v := range hashOf(fullRecord()) {
+		f.set(k, v)
+	}
+	v := encodeFields(&f)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := recordFromFlat(vals); err != nil {
+		if _, err := decodeRecord(v); err != nil {
 			b.Fatal(err)
 		}
 	}

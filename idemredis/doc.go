@@ -1,6 +1,7 @@
 // Package idemredis is the Redis store of idem, on go-redis v9 and embedded
 // Lua scripts. It works with a single node, Sentinel (a failover client) and
-// Redis Cluster: pass any redis.UniversalClient.
+// Redis Cluster: pass any redis.UniversalClient. It needs Redis 6.0 or
+// later (SET ... KEEPTTL).
 //
 // # Guarantee
 //
@@ -19,26 +20,44 @@
 //
 // # Layout
 //
-// A record is one hash under
+// A record is one string under
 //
 //	<Prefix>{<bucket>}:r:<sha256>
 //
 // where sha256 is the hex SHA-256 of the length-prefixed scope, endpoint and
-// key, and bucket is one of 1024 buckets taken from that hash. The hash
-// stores the identity too, so records can be listed. Each bucket has two
-// sorted sets: a lease index, <Prefix>{<bucket>}:leases, of its in_progress
-// records scored by the end of their lease (for KeySweep), and an expiry
-// index, <Prefix>{<bucket>}:expiry, of all its records scored by expires_at
-// (for KeyReap; about 100 bytes per record; unknown records leave it until
-// settled). Two more list the unknown records: a backlog index,
-// <Prefix>{<bucket>}:unknown, scored by when each turned unknown (for
-// KeyBacklog), and a reconcile index, <Prefix>{<bucket>}:reconcile, scored
-// by reconcile_after (for KeyReconcileClaim). Each record has a pub/sub
-// channel, <Prefix>{<bucket>}:c:<sha256>. A record, its indexes and its
-// channel share a hash tag, so every script touches a single slot and is
-// Cluster-safe; 1024 buckets spread the records over the slots of any
-// realistic cluster. The layout is part of the stored data: changing Prefix or the bucket count
-// strands existing records.
+// key, and bucket is one of 1024 buckets taken from that hash. The string
+// holds the whole record, the identity too (so records can be listed), in
+// a compact form (codec.go): a head of the fields the scripts decide on,
+// then the variable fields, so every script reads it with one GET and
+// writes it, with its Redis TTL, with one SET. Records written by earlier
+// versions, hashes of the same fields, are still read (KeyGet, KeyList,
+// every script) and are rewritten as strings by their next write; there is
+// nothing to migrate, but a process of an earlier version cannot read the
+// new form (it fails closed, answering store-unavailable): stop the old
+// processes before the new ones write. Each bucket has two sorted sets: a
+// lease index, <Prefix>{<bucket>}:leases, of its in_progress records scored
+// by the end of their lease (for KeySweep; a record leaves it when it
+// settles), and an expiry index, <Prefix>{<bucket>}:expiry, of its settled
+// (completed or released) records, and of in_progress ones that may
+// expire in progress (their lease turns released, or outlives their
+// retention), scored by expires_at (for KeyReap; about 100 bytes per
+// record; unknown records leave it until settled). Two more list the
+// unknown records: a backlog index, <Prefix>{<bucket>}:unknown, scored by
+// when each turned unknown (for KeyBacklog), and a reconcile index,
+// <Prefix>{<bucket>}:reconcile, scored by reconcile_after (for
+// KeyReconcileClaim). Each record has a pub/sub channel,
+// <Prefix>{<bucket>}:c:<sha256>, on which the scripts publish a change only
+// when a KeyWait registered on the record (see KeyWait). A record, its
+// indexes and its channel share a hash tag, so every script touches a
+// single slot and is Cluster-safe; 1024 buckets spread the records over the
+// slots of any realistic cluster. The layout is part of the stored data:
+// changing Prefix or the bucket count strands existing records.
+//
+// A new key costs the server two scripts of seven commands in all
+// (reserve: GET, SET, ZADD to the lease index; complete: GET, SET with the
+// TTL, ZREM from the lease index, ZADD to the expiry index, and for one
+// completion in 16 a pruning ZRANGEBYSCORE), a replay one script of one
+// GET.
 //
 // Times are stored as Unix microseconds from the store's clock (Config.Now),
 // passed to the scripts as arguments. Retention is enforced by the scripts
@@ -63,15 +82,18 @@
 // due entries, never to the number of records. Each handles at most Limit
 // records per call. KeyReap is optional: Redis's TTL removes records anyway
 // (a minute after ExpiresAt); the reaper reclaims memory sooner and keeps
-// the expiry index small. Without it, every new record drops up to four
-// expiry index entries that are an hour past due from its bucket.
+// the expiry index small. Without it, one settlement in 16 drops up to 64
+// expiry index entries that are an hour past due from its bucket (four per
+// settlement on average).
 //
-// KeyList SCANs every master for the prefix and reads the filter fields of
-// every record it finds (pipelined HMGET), then the full records of the page:
+// KeyList SCANs every master for the prefix and reads the head and identity
+// of every record it finds (pipelined GETRANGE), then the full records of the page:
 // its cost is proportional to all records under the prefix, per page. It is
 // meant for admin tools, not for request paths.
 //
 // KeyWait (the idemstore.Waiter) subscribes to the record's channel with
 // SSUBSCRIBE (sharded pub/sub, Redis 7), or SUBSCRIBE before Redis 7, on a
-// connection of its own for the duration of the wait.
+// connection of its own for the duration of the wait, and registers in the
+// record (a write: a count of waiters that the next change publishes to and
+// clears).
 package idemredis

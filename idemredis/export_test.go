@@ -1,6 +1,10 @@
 package idemredis
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idem-dev/idem/idemstore"
+)
 
 // ReserveArgv and CompleteArgv name the positions in ARGV (from 0) of the
 // arguments of reserve.lua and complete.lua that the raw benchmark loop
@@ -15,7 +19,7 @@ var (
 // ReservePositions are reserve.lua's argument positions that the raw loop
 // changes.
 type ReservePositions struct {
-	Now, Key, Token, LockedUntil, ExpiresAt, Member, Channel, Prune int
+	Now, Record, LockedUntil, Member, Channel int
 }
 
 // CompletePositions are complete.lua's argument positions that the raw
@@ -29,20 +33,31 @@ var markerKeys = &boxedKeys{record: "record", index: "index", expiry: "expiry",
 	unknown: "unknown", reconcile: "reconcile", member: "member", channel: "channel"}
 
 func reserveArgv() ReservePositions {
-	argv := argvOf(reserveArgs{
-		now: 1, lockedUntil: 2, expiresAt: 3, redisTTL: 4, prune: 5, ttl: 6,
-		scope: "scope", endpoint: "endpoint", key: "key", fingerprint: "fingerprint",
-		token: "token", leaseExpiredState: "les",
-	}.call(markerKeys))
+	argv := argvOf(reserveArgs{now: 1, lockedUntil: 2, redisTTL: 3, record: "record"}.call(markerKeys))
 	return ReservePositions{
 		Now:         position(argv, int64(1)),
-		Key:         position(argv, "key"),
-		Token:       position(argv, "token"),
+		Record:      position(argv, "record"),
 		LockedUntil: position(argv, int64(2)),
-		ExpiresAt:   position(argv, int64(3)),
 		Member:      position(argv, "member"),
 		Channel:     position(argv, "channel"),
-		Prune:       position(argv, int64(5)),
+	}
+}
+
+// NewRecordBuilder returns a function that makes reserve.lua's record
+// argument for key and token at now (Unix microseconds) with the store's
+// builder (newRecordValue), the other fields and the lease and retention
+// those of recorded, the record argument of a recorded call.
+func NewRecordBuilder(recorded string) func(key, token string, now int64) string {
+	r, err := decodeRecord(recorded)
+	if err != nil {
+		panic(err)
+	}
+	lease := r.LockedUntil.Sub(r.CreatedAt).Microseconds()
+	ttl := r.TTL.Microseconds()
+	return func(key, token string, now int64) string {
+		p := &idemstore.ReserveParams{Identity: idemstore.Identity{Scope: r.Scope, Endpoint: r.Endpoint, Key: key},
+			Fingerprint: r.Fingerprint, Token: token}
+		return newRecordValue(p, r.LeaseExpiredState, now, now+lease, now+ttl, ttl)
 	}
 }
 

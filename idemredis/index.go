@@ -26,14 +26,14 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 		cmds := s.evalEach(ctx, sweepScript, cands, indexArgs{now: now}.keysArgs)
 		n := 0
 		for _, cmd := range cmds {
-			vals, err := cmd.Slice()
+			v, err := cmd.Text()
 			if err == redis.Nil {
 				continue
 			}
 			if err != nil {
 				return n, fmt.Errorf("sweeping lease: %w", interpretError(err))
 			}
-			r, err := recordFromFlat(vals)
+			r, err := decodeRecord(v)
 			if err != nil {
 				return n, fmt.Errorf("sweeping lease: %w", err)
 			}

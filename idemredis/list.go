@@ -3,8 +3,10 @@ package idemredis
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,12 +15,17 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// listFields are the fields KeyList reads to filter, before it reads the
-// full records of the page.
+// listFields are the fields KeyList reads to filter a record of the earlier
+// layout (a hash), before it reads the full records of the page.
 var listFields = []string{
 	"scope", "endpoint", "key", "state", "locked_until",
 	"lease_expired_state", "created_at", "expires_at",
 }
+
+// listPrefix is how many bytes of each record KeyList reads to filter
+// (GETRANGE): the head and the identity of nearly every record, never the
+// body of a large one. A record whose identity does not fit is read whole.
+const listPrefix = 1024
 
 // scanCount is the COUNT hint of KeyList's SCAN.
 const scanCount = 1000
@@ -27,8 +34,9 @@ const scanCount = 1000
 // store's clock (records past ExpiresAt are left out, expired leases are
 // reported in the state they turn into).
 //
-// Cost: it SCANs every master for the store's prefix and reads the filter
-// fields of every record found (HMGET, pipelined per SCAN batch), keeping
+// Cost: it SCANs every master for the store's prefix and reads the head
+// and identity of every record found (GETRANGE of the first listPrefix
+// bytes, pipelined per SCAN batch), keeping
 // only the best Limit candidates in memory, then reads the page's records.
 // Every page costs a pass over all records under the prefix: an admin path,
 // not a request path.
@@ -109,25 +117,18 @@ func (s *Store) listOnce(ctx context.Context, p *idemstore.ListParams, now time.
 		last = cands[len(cands)-1].id
 	}
 
-	pipe := s.client.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(cands))
+	keys := make([]string, len(cands))
 	for i, c := range cands {
-		cmds[i] = pipe.HGetAll(ctx, c.key)
+		keys[i] = c.key
 	}
-	if len(cmds) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, last, 0, fmt.Errorf("listing keys: %w", interpretError(err))
-		}
+	records, err := s.getRecords(ctx, keys)
+	if err != nil {
+		return nil, last, 0, fmt.Errorf("listing keys: %w", err)
 	}
-	out := make([]*idemstore.Record, 0, len(cmds))
-	for _, cmd := range cmds {
-		m := cmd.Val()
-		if len(m) == 0 {
+	out := make([]*idemstore.Record, 0, len(records))
+	for _, r := range records {
+		if r == nil {
 			continue // removed since the filter pass
-		}
-		r, err := recordFromMap(m)
-		if err != nil {
-			return nil, last, 0, fmt.Errorf("listing keys: %w", err)
 		}
 		if expired(r, now) {
 			continue
@@ -143,42 +144,137 @@ func (s *Store) listOnce(ctx context.Context, p *idemstore.ListParams, now time.
 	return out, last, len(cands), nil
 }
 
+// getRecords reads the records stored at keys, pipelined: one GET each, and
+// an HGETALL for a record of the earlier layout. A record that is gone is
+// nil.
+func (s *Store) getRecords(ctx context.Context, keys []string) ([]*idemstore.Record, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	pipe := s.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	out := make([]*idemstore.Record, len(keys))
+	hashes := map[int]*redis.MapStringStringCmd{}
+	pipe = s.client.Pipeline()
+	for i, cmd := range gets {
+		v, err := cmd.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case isWrongType(err):
+			hashes[i] = pipe.HGetAll(ctx, keys[i])
+		case err != nil:
+			return nil, interpretError(err)
+		default:
+			if out[i], err = decodeRecord(v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(hashes) == 0 {
+		return out, nil
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, cmd := range hashes {
+		m, err := cmd.Result()
+		if err != nil {
+			return nil, interpretError(err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		if out[i], err = recordFromMap(m); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 type listCandidate struct {
 	id  idemstore.Identity
 	key string
 }
 
 // filterKeys reads the filter fields of keys and returns those that match p.
+// It reads the first listPrefix bytes of each record (GETRANGE, pipelined),
+// the whole of one whose identity is longer, and the filter fields of a
+// record of the earlier layout (HMGET).
 func (s *Store) filterKeys(ctx context.Context, keys []string, p *idemstore.ListParams, now time.Time) ([]listCandidate, error) {
 	pipe := s.client.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(keys))
+	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, listFields...)
+		cmds[i] = pipe.GetRange(ctx, k, 0, listPrefix-1)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("reading records: %w", err)
-	}
-	var out []listCandidate
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	fields := make([]recordFields, len(keys))
+	var (
+		again  = s.client.Pipeline()
+		whole  = map[int]*redis.StringCmd{}
+		hashes = map[int]*redis.SliceCmd{}
+	)
 	for i, cmd := range cmds {
-		f := make(map[string]string, len(listFields))
-		for j, v := range cmd.Val() {
-			if s, ok := v.(string); ok {
-				f[listFields[j]] = s
-			}
-		}
-		if f["state"] == "" {
+		v, err := cmd.Result()
+		switch {
+		case isWrongType(err):
+			hashes[i] = again.HMGet(ctx, keys[i], listFields...)
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("reading records: %w", interpretError(err))
+		case v == "":
 			continue // removed since SCAN
 		}
-		id := idemstore.Identity{Scope: f["scope"], Endpoint: f["endpoint"], Key: f["key"]}
-		expiresAt, err1 := parseMicros(f["expires_at"])
-		createdAt, err2 := parseMicros(f["created_at"])
-		lockedUntil, err3 := parseMicros(f["locked_until"])
+		switch err := fields[i].parsePrefix(v); {
+		case err == errShort:
+			whole[i] = again.Get(ctx, keys[i])
+		case err != nil:
+			return nil, fmt.Errorf("decoding record %s: %w", keys[i], err)
+		}
+	}
+	if len(whole)+len(hashes) > 0 {
+		_, _ = again.Exec(ctx)
+		for i, cmd := range whole {
+			v, err := cmd.Result()
+			switch {
+			case errors.Is(err, redis.Nil):
+			case err != nil:
+				return nil, fmt.Errorf("reading records: %w", interpretError(err))
+			default:
+				if err := fields[i].parse(v); err != nil {
+					return nil, fmt.Errorf("decoding record %s: %w", keys[i], err)
+				}
+			}
+		}
+		for i, cmd := range hashes {
+			vals, err := cmd.Result()
+			if err != nil {
+				return nil, fmt.Errorf("reading records: %w", interpretError(err))
+			}
+			for j, v := range vals {
+				if s, ok := v.(string); ok {
+					fields[i].set(listFields[j], s)
+				}
+			}
+		}
+	}
+	var out []listCandidate
+	for i := range fields {
+		f := &fields[i]
+		if f.state == "" {
+			continue // removed since SCAN
+		}
+		id := idemstore.Identity{Scope: f.scope, Endpoint: f.endpoint, Key: f.key}
+		expiresAt, err1 := parseMicros(f.expiresAt)
+		createdAt, err2 := parseMicros(f.createdAt)
+		lockedUntil, err3 := parseMicros(f.lockedUntil)
 		if err1 != nil || err2 != nil || err3 != nil {
 			return nil, fmt.Errorf("decoding record %s: bad times", keys[i])
 		}
-		state := idemstore.State(f["state"])
+		state := idemstore.State(f.state)
 		if state == idemstore.StateInProgress && !now.Before(lockedUntil) {
-			state = idemstore.State(f["lease_expired_state"])
+			state = idemstore.State(f.leaseExpiredState)
 		}
 		switch {
 		case now.After(expiresAt) && state != idemstore.StateUnknown,
@@ -189,6 +285,9 @@ func (s *Store) filterKeys(ctx context.Context, keys []string, p *idemstore.List
 			p.After != nil && compareIdentity(id, *p.After) <= 0:
 			continue
 		}
+		// The identity is a slice of the prefix read: copied, so that the
+		// candidates kept do not hold every prefix.
+		id = idemstore.Identity{Scope: strings.Clone(id.Scope), Endpoint: strings.Clone(id.Endpoint), Key: strings.Clone(id.Key)}
 		out = append(out, listCandidate{id: id, key: keys[i]})
 	}
 	return out, nil

@@ -18,11 +18,11 @@ import (
 func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	now := s.now()
 	a := purgeArgs{now: us(now), token: p.Token, force: p.Force}
-	vals, err := s.run(ctx, purgeScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
+	v, err := s.run(ctx, purgeScript, a.call(s.keysOf(p.Identity).boxed)).Text()
 	if err != nil {
 		return nil, fmt.Errorf("purging key: %w", interpretError(err))
 	}
-	r, err := recordFromFlat(vals)
+	r, err := decodeRecord(v)
 	if err != nil {
 		return nil, fmt.Errorf("purging key: %w", err)
 	}
@@ -50,14 +50,14 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 		cmds := s.evalEach(ctx, claimScript, cands, a.keysArgs)
 		n := 0
 		for _, cmd := range cmds {
-			vals, err := cmd.Slice()
+			v, err := cmd.Text()
 			if errors.Is(err, redis.Nil) {
 				continue
 			}
 			if err != nil {
 				return n, fmt.Errorf("claiming unknown keys: %w", interpretError(err))
 			}
-			r, err := recordFromFlat(vals)
+			r, err := decodeRecord(v)
 			if err != nil {
 				return n, fmt.Errorf("claiming unknown keys: %w", err)
 			}

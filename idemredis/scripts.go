@@ -26,6 +26,10 @@ var (
 	purgeScript       = loadScript("purge.lua")
 	claimScript       = loadScript("reconcile_claim.lua")
 	failScript        = loadScript("reconcile_fail.lua")
+	// waitScript's write (a waiter's registration) is not worth waiting
+	// for replicas: a registration lost in a failover only makes the
+	// waiter wake at the end of the lease instead of at the change.
+	waitScript = func() *script { sc := loadScript("wait.lua"); sc.noReplicaWait = true; return sc }()
 )
 
 // script is a Lua script with its digest and source boxed once as command
@@ -33,6 +37,8 @@ var (
 type script struct {
 	*redis.Script
 	hash, src any
+	// noReplicaWait makes run skip Config.WaitReplicas for the script.
+	noReplicaWait bool
 }
 
 func loadScript(name string) *script {
@@ -52,7 +58,7 @@ func loadScript(name string) *script {
 // The command names and key counts, boxed once.
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
-	argKeys1, argKeys2  any = 1, 2
+	argKeys1            any = 1
 	argKeys3, argKeys5  any = 3, 5
 )
 
@@ -80,7 +86,7 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		call[0], call[1] = name, script
 		cmd := redis.NewCmd(ctx, call...)
 		cmd.SetFirstKeyPos(3)
-		if s.waitReplicas > 0 {
+		if s.waitReplicas > 0 && !sc.noReplicaWait {
 			s.processWaited(ctx, cmd, call[3].(string))
 		} else {
 			_ = s.client.Process(ctx, cmd)

@@ -116,17 +116,21 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		les = idemstore.StateUnknown
 	}
 	now := s.now()
+	lockedUntil, expiresAt, ttl := us(now.Add(p.Lease)), us(now.Add(p.TTL)), max(p.TTL, 0)
 	a := reserveArgs{
-		now:   us(now),
-		scope: p.Scope, endpoint: p.Endpoint, key: p.Key,
-		fingerprint:       p.Fingerprint,
-		token:             p.Token,
-		lockedUntil:       us(now.Add(p.Lease)),
-		leaseExpiredState: stateArg(les),
-		expiresAt:         us(now.Add(p.TTL)),
-		redisTTL:          (max(p.TTL, 0) + ttlSlack).Milliseconds(),
-		prune:             us(now.Add(-pruneAfter)),
-		ttl:               max(p.TTL, 0).Microseconds(),
+		now:         us(now),
+		record:      newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds()),
+		lockedUntil: lockedUntil,
+	}
+	if les == idemstore.StateReleased {
+		// Only a record whose lease cannot turn unknown may have a TTL
+		// from the start.
+		a.redisTTL = (ttl + ttlSlack).Milliseconds()
+	}
+	if les == idemstore.StateReleased || lockedUntil > expiresAt {
+		// It may expire in progress (its lease turns released, or outlives
+		// the retention): KeyReap must find it before it settles.
+		a.expiryScore = expiresAt
 	}
 	vals, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
 	if err != nil {
@@ -139,7 +143,11 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	if reserved == 1 && len(vals) == 1 {
 		return newRecord(p, les, now), nil
 	}
-	rec, err := recordFromFlat(vals[1:])
+	v, ok := vals[len(vals)-1].(string)
+	if len(vals) != 2 || !ok {
+		return nil, fmt.Errorf("reserving key: unexpected reply %v", vals)
+	}
+	rec, err := decodeRecord(v)
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
 	}
@@ -174,17 +182,10 @@ func newRecord(p *idemstore.ReserveParams, les idemstore.State, now time.Time) *
 }
 
 // KeyGet returns the record, or idemstore.ErrNotFound. It reads with one
-// HGETALL and writes nothing.
+// GET (and an HGETALL for a record of the earlier layout) and writes
+// nothing.
 func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
-	k := s.keysOf(id)
-	m, err := s.client.HGetAll(ctx, k.record).Result()
-	if err != nil {
-		return nil, fmt.Errorf("getting key: %w", interpretError(err))
-	}
-	if len(m) == 0 {
-		return nil, idemstore.ErrNotFound
-	}
-	r, err := recordFromMap(m)
+	r, err := s.getRecord(ctx, s.keysOf(id).record)
 	if err != nil {
 		return nil, fmt.Errorf("getting key: %w", err)
 	}
@@ -196,6 +197,32 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 		r.State = r.LeaseExpiredState
 	}
 	return r, nil
+}
+
+// getRecord reads the record stored at key, as stored, or returns
+// idemstore.ErrNotFound.
+func (s *Store) getRecord(ctx context.Context, key string) (*idemstore.Record, error) {
+	v, err := s.client.Get(ctx, key).Result()
+	if isWrongType(err) {
+		m, err := s.client.HGetAll(ctx, key).Result()
+		if err != nil {
+			return nil, interpretError(err)
+		}
+		if len(m) == 0 {
+			return nil, idemstore.ErrNotFound
+		}
+		return recordFromMap(m)
+	}
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return decodeRecord(v)
+}
+
+// isWrongType reports whether err is Redis's answer to a string command on
+// a hash: a record of the earlier layout.
+func isWrongType(err error) bool {
+	return redis.HasErrorPrefix(err, "WRONGTYPE")
 }
 
 // KeyComplete stores the response and moves the record to completed when

@@ -15,11 +15,13 @@ import (
 // published on its channel, its lease ran out, or it is not in_progress (or
 // is gone) when the wait starts. It returns ctx's error when ctx ends first.
 //
-// It subscribes first and reads the record second, so a change between the
-// caller's read and the subscription is not missed. The subscription uses
-// SSUBSCRIBE (Redis 7 sharded pub/sub: on a cluster only the record's shard
-// is involved) and falls back to SUBSCRIBE on older servers. Each wait holds
-// a connection of its own.
+// It subscribes first, then registers as a waiter on the record and reads
+// it in one script (wait.lua), so a change between the caller's read and
+// the subscription is not missed, and the change publishes because a waiter
+// is registered (scripts publish only then: a completion nobody waits for
+// costs no PUBLISH). The subscription uses SSUBSCRIBE (Redis 7 sharded
+// pub/sub: on a cluster only the record's shard is involved) and falls back
+// to SUBSCRIBE on older servers. Each wait holds a connection of its own.
 func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
 	k := s.keysOf(id)
 	ps, err := s.subscribe(ctx, k.channel)
@@ -32,16 +34,21 @@ func (s *Store) KeyWait(ctx context.Context, id idemstore.Identity) error {
 	}
 	defer ps.Close()
 
-	r, err := s.KeyGet(ctx, id)
+	now := s.now()
+	v, err := s.run(ctx, waitScript, waitArgs{now: us(now)}.call(k.boxed)).Text()
 	switch {
-	case errors.Is(err, idemstore.ErrNotFound):
+	case errors.Is(err, redis.Nil):
 		return nil
 	case err != nil && ctx.Err() != nil:
 		return ctx.Err()
 	case err != nil:
+		return fmt.Errorf("waiting for key: %w", interpretError(err))
+	}
+	r, err := decodeRecord(v)
+	if err != nil {
 		return fmt.Errorf("waiting for key: %w", err)
 	}
-	if r.State != idemstore.StateInProgress {
+	if expired(r, now) || r.State != idemstore.StateInProgress || r.LeaseExpired(now) {
 		return nil
 	}
 	// The lease's end is a change nobody publishes.

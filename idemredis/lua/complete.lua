@@ -15,15 +15,14 @@ if r.state ~= 'in_progress' and r.state ~= 'unknown' then
 end
 local was_unknown = is_unknown(r, now)
 
+r.state, r.updated_at = 'completed', ARGV[1]
 if ARGV[3] == '1' then
-  redis.call('HDEL', KEYS[1], 'status', 'header', 'body')
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'not_replayable', '1',
-    'updated_at', ARGV[1])
+  r.not_replayable, r.status, r.header, r.body = '1', '', '', ''
 else
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[4],
-    'header', ARGV[5], 'body', ARGV[6], 'updated_at', ARGV[1])
+  r.status, r.header, r.body = ARGV[4], ARGV[5], ARGV[6]
 end
 redis.call('ZREM', KEYS[2], ARGV[7])
-settled(record_keys(), ARGV[7], r, now, ARGV[1], was_unknown)
-notify(ARGV[8])
+local ttl = settled(record_keys(), ARGV[7], r, now, was_unknown)
+notify(r, ARGV[8])
+save(KEYS[1], r, ttl)
 return 1

@@ -14,5 +14,5 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[3])
-notify(ARGV[4])
+notify(r, ARGV[4])
 return 1

@@ -1,16 +1,94 @@
 -- lib.lua is prepended to every script of the idemredis store.
 --
--- Layout: one record is one hash, KEYS[1]. KEYS[2] is the lease index of the
--- record's bucket: a sorted set of the in_progress records of that bucket,
--- scored by locked_until. KEYS[3], where a script takes it, is the expiry
--- index of the bucket: every record of the bucket scored by expires_at. The
--- keys share a hash tag, so every script touches one slot and is
--- Cluster-safe. Times are decimal Unix microseconds passed in
--- ARGV from the store's clock; they are stored as the strings given (never
+-- Layout: one record is one string, KEYS[1], in the form codec.go describes
+-- (a head of comma-separated fields, then the variable fields one after the
+-- other, their lengths in the head); a record written by an earlier version
+-- is a hash of the same fields, read by load and rewritten as a string by
+-- the next write. KEYS[2] is the lease index of the record's bucket: a
+-- sorted set of the in_progress records of that bucket, scored by
+-- locked_until. KEYS[3], where a script takes it, is the expiry index of the
+-- bucket: the settled (completed or released) records of the bucket, and the
+-- in_progress ones that may expire in progress (their lease turns released,
+-- or outlives their retention), scored by expires_at. The keys share a hash tag, so every script touches one slot
+-- and is Cluster-safe. Times are decimal Unix microseconds passed in ARGV
+-- from the store's clock; they are stored as the strings given (never
 -- formatted by Lua, whose %.14g would round them) and only compared here.
 
--- load returns the record hash as a table, or nil when the key is absent.
-local function load(key)
+-- HEAD matches the head of a record: the version (2), then state,
+-- lease_expired_state, locked_until, expires_at, ttl, created_at,
+-- started_at, updated_at, attempts, reconcile_after, reconcile_attempts,
+-- waiters, not_replayable, status, and the lengths of token, fingerprint,
+-- scope, endpoint, key, recovery_point, reconcile_error and header; the
+-- body is the rest. The last capture is where the variable fields start.
+local HEAD = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),([%d-]*),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+),(%d+);()'
+
+-- decode returns the record v as a table, or nil when v is not a record.
+-- It keeps the lengths of the variable fields as read (r.lengths) for
+-- encode.
+local function decode(v)
+  local r = {}
+  local n = {}
+  local p
+  r.state, r.lease_expired_state, r.locked_until, r.expires_at, r.ttl,
+    r.created_at, r.started_at, r.updated_at, r.attempts, r.reconcile_after,
+    r.reconcile_attempts, r.waiters, r.not_replayable, r.status,
+    n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], p = string.match(v, HEAD)
+  if not p then
+    return nil
+  end
+  local q = p + tonumber(n[1])
+  r.token = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[2])
+  r.fingerprint = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[3])
+  r.scope = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[4])
+  r.endpoint = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[5])
+  r.key = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[6])
+  r.recovery_point = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[7])
+  r.reconcile_error = string.sub(v, p, q - 1)
+  p, q = q, q + tonumber(n[8])
+  r.header = string.sub(v, p, q - 1)
+  r.body = string.sub(v, q)
+  r.lengths = n
+  return r
+end
+
+-- length returns the length of the i-th variable field, v, for the head:
+-- as decode read it when it is the same (Lua formats a number with
+-- sprintf, which costs more than the comparison).
+local function length(r, i, v)
+  local was = r.lengths and r.lengths[i]
+  if was and tonumber(was) == #v then
+    return was
+  end
+  return #v
+end
+
+-- encode returns the record r as stored.
+local function encode(r)
+  return table.concat({'2', r.state, r.lease_expired_state, r.locked_until,
+      r.expires_at, r.ttl, r.created_at, r.started_at, r.updated_at,
+      r.attempts, r.reconcile_after, r.reconcile_attempts, r.waiters,
+      r.not_replayable, r.status, length(r, 1, r.token),
+      length(r, 2, r.fingerprint), length(r, 3, r.scope),
+      length(r, 4, r.endpoint), length(r, 5, r.key),
+      length(r, 6, r.recovery_point), length(r, 7, r.reconcile_error),
+      length(r, 8, r.header)}, ',')
+    .. ';' .. r.token .. r.fingerprint .. r.scope .. r.endpoint .. r.key
+    .. r.recovery_point .. r.reconcile_error .. r.header .. r.body
+end
+
+-- PEEK matches the first fields of a record's head: what decides whether a
+-- reservation finds a record to replay (see load).
+local PEEK = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),'
+
+-- load_hash reads a record of the earlier layout, a hash, giving the fields
+-- it may lack the values they meant.
+local function load_hash(key)
   local flat = redis.call('HGETALL', key)
   if #flat == 0 then
     return nil
@@ -19,7 +97,61 @@ local function load(key)
   for i = 1, #flat, 2 do
     r[flat[i]] = flat[i + 1]
   end
+  r.ttl = r.ttl or string.format('%d', tonumber(r.expires_at) - tonumber(r.created_at))
+  r.reconcile_after = r.reconcile_after or '0'
+  r.reconcile_attempts = r.reconcile_attempts or '0'
+  r.waiters = '0'
+  r.not_replayable = r.not_replayable or '0'
+  r.status = r.status or ''
+  r.recovery_point = r.recovery_point or ''
+  r.reconcile_error = r.reconcile_error or ''
+  r.header = r.header or ''
+  r.body = r.body or ''
   return r
+end
+
+-- load returns the record as a table and as stored (nil for a record of
+-- the earlier layout), or nil when the key is absent. With peek, the table
+-- of a record in the current layout holds only state, lease_expired_state,
+-- locked_until and expires_at (a replay needs no more); decode(stored)
+-- gives the rest.
+local function load(key, peek)
+  local v = redis.pcall('GET', key)
+  if not v then
+    return nil
+  end
+  if type(v) == 'table' then
+    if v.err and string.find(v.err, '^WRONGTYPE') then
+      return load_hash(key)
+    end
+    error(v.err)
+  end
+  local r
+  if peek then
+    r = {}
+    r.state, r.lease_expired_state, r.locked_until, r.expires_at = string.match(v, PEEK)
+    if not r.state then
+      r = nil
+    end
+  else
+    r = decode(v)
+  end
+  if not r then
+    error('IDEM_CORRUPT record ' .. key)
+  end
+  return r, v
+end
+
+-- save stores r at key. ttl says what becomes of the key's Redis TTL: a
+-- number of milliseconds sets it, 'keep' keeps it, 'none' removes it.
+local function save(key, r, ttl)
+  if ttl == 'keep' then
+    redis.call('SET', key, encode(r), 'KEEPTTL')
+  elseif ttl == 'none' then
+    redis.call('SET', key, encode(r))
+  else
+    redis.call('SET', key, encode(r), 'PX', ttl)
+  end
 end
 
 -- lease_expired reports whether r is in_progress with a lease that ended at
@@ -46,46 +178,67 @@ end
 -- is its remaining retention plus this.
 local TTL_SLACK_MS = 60000
 
--- record_ttl is the retention r was reserved with, in microseconds.
-local function record_ttl(r)
-  if r.ttl then
-    return tonumber(r.ttl)
-  end
-  return tonumber(r.expires_at) - tonumber(r.created_at)
-end
+-- PRUNE_AFTER_US is pruneAfter of store.go: how long past its expires_at an
+-- expiry index entry may be dropped by a settlement in its bucket.
+local PRUNE_AFTER_US = 3600000000
 
--- turned_unknown keeps a record that just turned unknown: no Redis TTL may
--- remove it, the backlog index (scored by when it turned unknown) and the
--- reconcile index (scored by reconcile_after) list it, and the expiry index
--- does not (it is not reapable until settled).
--- k: record, expiry index, unknown index, reconcile index; m: member.
-local function turned_unknown(k, m, now_arg)
-  redis.call('PERSIST', k.record)
+-- turned_unknown indexes a record that just turned unknown: the backlog
+-- index (scored by when it turned unknown) and the reconcile index (scored
+-- by reconcile_after) list it, and the expiry index does not (it is not
+-- reapable until settled). The caller saves it with ttl 'none': no Redis TTL
+-- may remove it.
+-- k: expiry index, unknown index, reconcile index; m: member.
+local function turned_unknown(k, m, r, now_arg)
   redis.call('ZREM', k.expiry, m)
   redis.call('ZADD', k.unknown, now_arg, m)
-  redis.call('ZADD', k.reconcile, redis.call('HGET', k.record, 'reconcile_after') or '0', m)
+  redis.call('ZADD', k.reconcile, r.reconcile_after, m)
+end
+
+-- expiry_indexed adds a settled record to the expiry index. One settlement
+-- in 16 (those whose member, a hex SHA-256, ends in 0) also drops up to 64
+-- entries of its bucket that are PRUNE_AFTER_US past due: their records
+-- were removed by Redis's TTL long ago, and nobody may run KeyReap. That is
+-- four entries per settlement, as often as records expire, for a sixteenth
+-- of the lookups.
+local function expiry_indexed(expiry, m, expires_at, now)
+  if string.byte(m, -1) == 48 then
+    local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
+      '(' .. string.format('%d', now - PRUNE_AFTER_US), 'LIMIT', 0, 64)
+    if #stale > 0 then
+      redis.call('ZREM', expiry, unpack(stale))
+    end
+  end
+  redis.call('ZADD', expiry, expires_at, m)
 end
 
 -- settled finishes a record that leaves unknown (or in_progress) for
--- completed or released at now: an unknown one starts its retention again;
--- its Redis TTL and expiry index entry follow its retention. was_unknown
--- tells whether it was unknown before the change.
-local function settled(k, m, r, now, now_arg, was_unknown)
+-- completed or released at now: an unknown one starts its retention again
+-- and leaves the unknown indexes; the expiry index lists it. It returns the
+-- Redis TTL to save it with, in milliseconds. was_unknown tells whether it
+-- was unknown before the change.
+local function settled(k, m, r, now, was_unknown)
   local expires_at = tonumber(r.expires_at)
   if was_unknown then
-    expires_at = now + record_ttl(r)
+    expires_at = now + tonumber(r.ttl)
     -- Formatted as an integer: %d never rounds like %.14g.
-    redis.call('HSET', k.record, 'expires_at', string.format('%d', expires_at))
+    r.expires_at = string.format('%d', expires_at)
+    redis.call('ZREM', k.unknown, m)
+    redis.call('ZREM', k.reconcile, m)
   end
-  redis.call('ZREM', k.unknown, m)
-  redis.call('ZREM', k.reconcile, m)
-  redis.call('ZADD', k.expiry, string.format('%d', expires_at), m)
-  redis.call('PEXPIRE', k.record, math.max(math.floor((expires_at - now) / 1000), 0) + TTL_SLACK_MS)
+  expiry_indexed(k.expiry, m, r.expires_at, now)
+  return math.max(math.floor((expires_at - now) / 1000), 0) + TTL_SLACK_MS
 end
 
--- notify tells waiters (KeyWait) that the record may have changed: a sharded
--- channel in the record's slot on Redis 7, a classic channel before it.
-local function notify(channel)
+-- notify tells the waiters registered on r (KeyWait, see wait.lua) that it
+-- changed: a sharded channel in the record's slot on Redis 7, a classic
+-- channel before it. Nothing is published when nobody waits. The waiters
+-- it wakes register again if they wait again, so the count starts afresh;
+-- the caller saves r (or deletes it).
+local function notify(r, channel)
+  if r.waiters == '0' or r.waiters == '' then
+    return
+  end
+  r.waiters = '0'
   if not pcall(redis.call, 'SPUBLISH', channel, '1') then
     redis.call('PUBLISH', channel, '1')
   end

@@ -11,8 +11,9 @@ end
 if r.state ~= 'in_progress' then
   return lease_lost()
 end
-redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', ARGV[1])
+r.state, r.updated_at = 'unknown', ARGV[1]
 redis.call('ZREM', KEYS[2], ARGV[3])
-turned_unknown(record_keys(), ARGV[3], ARGV[1])
-notify(ARGV[4])
+turned_unknown(record_keys(), ARGV[3], r, ARGV[1])
+notify(r, ARGV[4])
+save(KEYS[1], r, 'none')
 return 1

@@ -24,5 +24,5 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZREM', KEYS[5], ARGV[2])
-notify(ARGV[3])
+notify(r, ARGV[3])
 return 1

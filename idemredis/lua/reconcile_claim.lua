@@ -12,11 +12,12 @@ if not r or r.state ~= 'unknown' then
   redis.call('ZREM', KEYS[5], ARGV[3])
   return false
 end
-local after = r.reconcile_after or '0'
+local after = r.reconcile_after
 if tonumber(after) > now then
   redis.call('ZADD', KEYS[5], after, ARGV[3])
   return false
 end
-redis.call('HSET', KEYS[1], 'reconcile_after', ARGV[2])
+r.reconcile_after = ARGV[2]
+save(KEYS[1], r, 'keep')
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[3])
-return redis.call('HGETALL', KEYS[1])
+return encode(r)

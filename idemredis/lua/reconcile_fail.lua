@@ -7,8 +7,8 @@ local r = load(KEYS[1])
 if not r or r.state ~= 'unknown' or not fenced(r, ARGV[1]) then
   return lease_lost()
 end
-redis.call('HINCRBY', KEYS[1], 'reconcile_attempts', 1)
-redis.call('HSET', KEYS[1], 'reconcile_error', ARGV[2],
-  'reconcile_after', ARGV[3])
+r.reconcile_attempts = string.format('%d', (tonumber(r.reconcile_attempts) or 0) + 1)
+r.reconcile_error, r.reconcile_after = ARGV[2], ARGV[3]
+save(KEYS[1], r, 'keep')
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[4])
 return 1

@@ -12,8 +12,9 @@ if r.state ~= 'in_progress' and r.state ~= 'unknown' then
   return lease_lost()
 end
 local was_unknown = is_unknown(r, now)
-redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', ARGV[1])
+r.state, r.updated_at = 'released', ARGV[1]
 redis.call('ZREM', KEYS[2], ARGV[3])
-settled(record_keys(), ARGV[3], r, now, ARGV[1], was_unknown)
-notify(ARGV[4])
+local ttl = settled(record_keys(), ARGV[3], r, now, was_unknown)
+notify(r, ARGV[4])
+save(KEYS[1], r, ttl)
 return 1

@@ -9,8 +9,9 @@ local r = load(KEYS[1])
 if not r or expired(r, now) or not fenced(r, ARGV[2]) then
   return lease_lost()
 end
-if r.state ~= 'completed' or r.not_replayable == '1' or not r.status then
+if r.state ~= 'completed' or r.not_replayable == '1' or r.status == '' then
   return redis.error_reply('IDEM_INVALID_STATE')
 end
-redis.call('HSET', KEYS[1], 'status', ARGV[3], 'header', ARGV[4], 'body', ARGV[5])
+r.status, r.header, r.body = ARGV[3], ARGV[4], ARGV[5]
+save(KEYS[1], r, 'keep')
 return 1

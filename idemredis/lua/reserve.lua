@@ -4,77 +4,88 @@
 -- (completed record) writes nothing.
 --
 -- KEYS: see record_keys.
--- ARGV[1] now, ARGV[2] scope, ARGV[3] endpoint, ARGV[4] key,
--- ARGV[5] fingerprint, ARGV[6] token, ARGV[7] locked_until,
--- ARGV[8] lease_expired_state, ARGV[9] expires_at, ARGV[10] Redis TTL in ms,
--- ARGV[11] index member, ARGV[12] channel, ARGV[13] prune horizon,
--- ARGV[14] ttl (retention in microseconds)
--- Returns {1} for a new record (made of the arguments alone), otherwise
--- {reserved (0 or 1), field, value, ...}.
+-- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
+-- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 for none: a lease
+-- that expires into unknown), ARGV[5] index member, ARGV[6] channel,
+-- ARGV[7] its expires_at when the expiry index must list it from the start
+-- (it may expire in progress: its lease turns released or outlives its
+-- retention), otherwise 0
+-- Returns {1} for a new record (the one of the arguments), otherwise
+-- {reserved (0 or 1), record}.
 local now = tonumber(ARGV[1])
-local k = record_keys()
-local r = load(KEYS[1])
+local r, stored = load(KEYS[1], true)
 
 if r and expired(r, now) then
-  -- Gone: replaced below (the expiry index entry is re-scored there).
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[2], ARGV[11])
+  -- Gone: replaced below.
+  redis.call('ZREM', KEYS[2], ARGV[5])
   r = nil
 end
 
 if not r then
-  redis.call('HSET', KEYS[1],
-    'scope', ARGV[2], 'endpoint', ARGV[3], 'key', ARGV[4],
-    'fingerprint', ARGV[5], 'state', 'in_progress', 'token', ARGV[6],
-    'locked_until', ARGV[7], 'started_at', ARGV[1],
-    'lease_expired_state', ARGV[8], 'attempts', '1',
-    'created_at', ARGV[1], 'updated_at', ARGV[1], 'expires_at', ARGV[9],
-    'ttl', ARGV[14])
   -- A lease that expires into unknown must never be removed by Redis's TTL:
   -- the TTL is set when the record is settled (see settled).
-  if ARGV[8] == 'released' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[10])
+  if ARGV[4] == '0' then
+    redis.call('SET', KEYS[1], ARGV[2])
+  else
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
   end
-  redis.call('ZADD', KEYS[2], ARGV[7], ARGV[11])
-  -- Entries of records Redis removed by TTL long ago, when nobody runs
-  -- KeyReap, would stay in the expiry index: drop a few per new record.
-  local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[13],
-    'LIMIT', 0, 4)
-  for _, m in ipairs(stale) do
-    redis.call('ZREM', KEYS[3], m)
+  if ARGV[7] ~= '0' then
+    expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
   end
-  redis.call('ZADD', KEYS[3], ARGV[9], ARGV[11])
-  -- The record is exactly what the arguments say: the caller builds it.
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
   return {1}
 end
 
+if r.state == 'completed' or r.state == 'unknown'
+    or (r.state == 'in_progress' and not lease_expired(r, now)) then
+  -- A replay, or a key in use: nothing to write.
+  return {0, stored or encode(r)}
+end
+if stored then
+  r = decode(stored)
+end
+
+local ttl = nil -- what save does with the Redis TTL, when r changed
 if lease_expired(r, now) then
   -- Decided on this request; it does not wait for the sweeper.
   r.state = r.lease_expired_state
-  redis.call('HSET', KEYS[1], 'state', r.state, 'updated_at', ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[11])
+  r.updated_at = ARGV[1]
+  redis.call('ZREM', KEYS[2], ARGV[5])
   if r.state == 'unknown' then
-    turned_unknown(k, ARGV[11], ARGV[1])
+    turned_unknown(record_keys(), ARGV[5], r, ARGV[1])
+    ttl = 'none'
+  else
+    expiry_indexed(KEYS[3], ARGV[5], r.expires_at, now)
+    ttl = 'keep'
   end
-  notify(ARGV[12])
+  notify(r, ARGV[6])
 end
 
-if r.state == 'released' and r.fingerprint == ARGV[5] then
-  -- Take over: a new attempt with a new fencing token. Retention, creation
-  -- time and the recovery point are kept; the reconciliation state starts
-  -- afresh.
-  redis.call('HDEL', KEYS[1], 'status', 'header', 'body', 'not_replayable',
-    'reconcile_after', 'reconcile_attempts', 'reconcile_error')
-  redis.call('HSET', KEYS[1],
-    'state', 'in_progress', 'token', ARGV[6], 'locked_until', ARGV[7],
-    'started_at', ARGV[1], 'lease_expired_state', ARGV[8],
-    'updated_at', ARGV[1])
-  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-  if ARGV[8] ~= 'released' then
-    redis.call('PERSIST', KEYS[1])
+if r.state == 'released' then
+  local new = decode(ARGV[2])
+  if r.fingerprint == new.fingerprint then
+    -- Take over: a new attempt with a new fencing token. Retention, creation
+    -- time and the recovery point are kept; the reconciliation state starts
+    -- afresh.
+    r.state, r.token, r.locked_until = 'in_progress', new.token, new.locked_until
+    r.started_at, r.updated_at = ARGV[1], ARGV[1]
+    r.lease_expired_state = new.lease_expired_state
+    r.attempts = string.format('%d', tonumber(r.attempts) + 1)
+    r.not_replayable, r.status, r.header, r.body = '0', '', '', ''
+    r.reconcile_after, r.reconcile_attempts, r.reconcile_error = '0', '0', ''
+    r.waiters = '0'
+    if ARGV[4] == '0' then
+      save(KEYS[1], r, 'none')
+    else
+      save(KEYS[1], r, 'keep')
+    end
+    redis.call('ZADD', KEYS[2], r.locked_until, ARGV[5])
+    return {1, encode(r)}
   end
-  redis.call('ZADD', KEYS[2], ARGV[7], ARGV[11])
-  return {1, unpack(redis.call('HGETALL', KEYS[1]))}
 end
 
-return {0, unpack(redis.call('HGETALL', KEYS[1]))}
+if ttl then
+  save(KEYS[1], r, ttl)
+  return {0, encode(r)}
+end
+return {0, stored or encode(r)}

@@ -17,17 +17,16 @@ if not is_unknown(r, now) then
   return redis.error_reply('IDEM_INVALID_STATE')
 end
 
+r.updated_at = ARGV[1]
 if ARGV[3] == 'released' then
-  redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', ARGV[1])
+  r.state = 'released'
 elseif ARGV[4] == '1' then
-  redis.call('HDEL', KEYS[1], 'status', 'header', 'body')
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'not_replayable', '1',
-    'updated_at', ARGV[1])
+  r.state, r.not_replayable, r.status, r.header, r.body = 'completed', '1', '', '', ''
 else
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[5],
-    'header', ARGV[6], 'body', ARGV[7], 'updated_at', ARGV[1])
+  r.state, r.status, r.header, r.body = 'completed', ARGV[5], ARGV[6], ARGV[7]
 end
 redis.call('ZREM', KEYS[2], ARGV[8])
-settled(record_keys(), ARGV[8], r, now, ARGV[1], true)
-notify(ARGV[9])
+local ttl = settled(record_keys(), ARGV[8], r, now, true)
+notify(r, ARGV[9])
+save(KEYS[1], r, ttl)
 return 1

@@ -15,11 +15,14 @@ if not lease_expired(r, now) then
   redis.call('ZADD', KEYS[2], r.locked_until, ARGV[2])
   return false
 end
-redis.call('HSET', KEYS[1], 'state', r.lease_expired_state,
-  'updated_at', ARGV[1])
+r.state, r.updated_at = r.lease_expired_state, ARGV[1]
 redis.call('ZREM', KEYS[2], ARGV[2])
-if r.lease_expired_state == 'unknown' then
-  turned_unknown(record_keys(), ARGV[2], ARGV[1])
+notify(r, ARGV[3])
+if r.state == 'unknown' then
+  turned_unknown(record_keys(), ARGV[2], r, ARGV[1])
+  save(KEYS[1], r, 'none')
+else
+  expiry_indexed(KEYS[3], ARGV[2], r.expires_at, now)
+  save(KEYS[1], r, 'keep')
 end
-notify(ARGV[3])
-return redis.call('HGETALL', KEYS[1])
+return encode(r)
