@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // core is the decision logic every adapter shares, the HTTP middleware and
@@ -71,7 +72,7 @@ type attempt struct {
 
 	// Embedded so that one allocation serves the whole request.
 	body   []byte
-	ops    opCtx // the context of the store calls
+	ops    deadline.Ctx // the context of the store calls
 	params idemstore.ReserveParams
 	// *execution is set when the request runs the handler.
 	*execution
@@ -190,8 +191,8 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
-	ctx = a.ops.arm(ctx, c.cfg.StoreTimeout)
-	defer a.ops.disarm()
+	ctx = a.ops.Arm(ctx, c.cfg.StoreTimeout)
+	defer a.ops.Disarm()
 	ctx, end := c.span(ctx, "idem.reserve")
 	start := c.clockStart()
 	defer func() {
@@ -331,8 +332,8 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 // from ctx's cancellation: a client that hangs up does not stop it. It
 // logs a failure and returns it.
 func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
-	sctx := a.ops.arm(ctx, c.cfg.StoreTimeout)
-	defer a.ops.disarm()
+	sctx := a.ops.Arm(ctx, c.cfg.StoreTimeout)
+	defer a.ops.Disarm()
 	sctx, end := c.span(sctx, "idem.complete")
 	start := c.clockStart()
 	err := f(sctx)

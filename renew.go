@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // renewer heartbeats the lease every Lease/3 while the handler runs, on an
@@ -16,19 +17,19 @@ type renewer struct {
 	a       *attempt
 	mu      sync.Mutex
 	stopped bool
-	alarm   alarm
+	alarm   deadline.Alarm
 }
 
 func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
+	deadline.Proc.Set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
 }
 
-// alarmed renews the lease in a goroutine of its own: the list calls its
+// Alarmed renews the lease in a goroutine of its own: the list calls its
 // alarms back one after the other.
-func (rn *renewer) alarmed(uint64) {
+func (rn *renewer) Alarmed(uint64) {
 	go rn.renew()
 }
 
@@ -54,7 +55,7 @@ func (rn *renewer) renew() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		procAlarms.set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
+		deadline.Proc.Set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
 	}
 	rn.mu.Unlock()
 }
@@ -67,5 +68,5 @@ func (rn *renewer) stop() {
 		return
 	}
 	rn.stopped = true
-	procAlarms.cancel(&rn.alarm)
+	deadline.Proc.Cancel(&rn.alarm)
 }

@@ -1,4 +1,4 @@
-package idem
+package deadline
 
 import (
 	"context"
@@ -13,9 +13,9 @@ type ctxKey struct{}
 func TestOpCtx(t *testing.T) {
 	t.Parallel()
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
-	var c opCtx
+	var c Ctx
 
-	ctx := c.arm(parent, 30*time.Millisecond)
+	ctx := c.Arm(parent, 30*time.Millisecond)
 	cancel() // the client hangs up: the store call goes on
 	if ctx.Err() != nil || ctx.Value(ctxKey{}) != "v" {
 		t.Fatalf("err %v value %v", ctx.Err(), ctx.Value(ctxKey{}))
@@ -38,15 +38,15 @@ func TestOpCtx(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a derived context was not cancelled")
 	}
-	c.disarm()
+	c.Disarm()
 
 	// The next call starts afresh, and a disarmed context never expires.
-	ctx = c.arm(parent, time.Hour)
+	ctx = c.Arm(parent, time.Hour)
 	if ctx.Err() != nil {
 		t.Fatalf("re-armed context: %v", ctx.Err())
 	}
 	done := ctx.Done()
-	c.disarm()
+	c.Disarm()
 	select {
 	case <-done:
 		t.Fatal("closed without a deadline")
@@ -55,8 +55,8 @@ func TestOpCtx(t *testing.T) {
 
 	// Err alone notices the deadline (no timer was started). The
 	// deadline runs from the first look.
-	var lazy opCtx
-	ctx = lazy.arm(parent, time.Millisecond)
+	var lazy Ctx
+	ctx = lazy.Arm(parent, time.Millisecond)
 	if err := ctx.Err(); err != nil {
 		t.Fatalf("first look: %v", err)
 	}
@@ -78,7 +78,7 @@ func TestOpCtx(t *testing.T) {
 func TestOpCtxDeadlines(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	ctxs := make([]opCtx, n)
+	ctxs := make([]Ctx, n)
 	var wg sync.WaitGroup
 	for i := range ctxs {
 		c := &ctxs[i]
@@ -88,9 +88,9 @@ func TestOpCtxDeadlines(t *testing.T) {
 			// loaded machine: it must not expire.
 			timeout += 200 * time.Millisecond
 		}
-		ctx := c.arm(context.Background(), timeout)
+		ctx := c.Arm(context.Background(), timeout)
 		if i%2 == 1 {
-			c.disarm()
+			c.Disarm()
 		}
 		child, stop := context.WithCancel(ctx)
 		defer stop()
@@ -115,11 +115,11 @@ func TestOpCtxDeadlines(t *testing.T) {
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				t.Errorf("context %d: %v", i, ctx.Err())
 			}
-			c.disarm()
+			c.Disarm()
 		}()
 	}
 	wg.Wait()
-	procAlarms.listed(func(a *alarm) {
+	Proc.listed(func(a *Alarm) {
 		for i := range ctxs {
 			if a == &ctxs[i].alarm {
 				t.Errorf("context %d is still watched", i)

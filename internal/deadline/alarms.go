@@ -1,4 +1,8 @@
-package idem
+// Package deadline runs the middleware's deadlines: a sharded list of alarms
+// with one runtime timer per shard (store-call deadlines and lease
+// heartbeats), and the context of a request's store calls, which expires on
+// it.
+package deadline
 
 import (
 	"sync"
@@ -6,7 +10,7 @@ import (
 	"time"
 )
 
-// alarms calls its entries back at their due time, with one runtime timer
+// Proc calls its alarms back at their due time, with one runtime timer
 // for the whole process set to the earliest of them. Every store call that
 // waits (its deadline) and every running handler (its lease heartbeat)
 // needs a timer; starting and stopping a runtime timer for each costs a
@@ -18,29 +22,29 @@ import (
 // is due off the list and calls them back, then sets itself to the earliest
 // one left.
 //
-// The list is sharded: an alarm goes to one of alarmShards lists, each with
+// The list is sharded: an alarm goes to one of alarmShardCount lists, each with
 // its own lock and timer, so that the requests of a busy process (three
 // alarms set and cancelled each) do not queue on one lock.
-var procAlarms alarmShards
+var Proc Alarms
 
 // alarmShardCount is the number of lists; a power of two.
 const alarmShardCount = 16
 
-type alarmShards struct {
+type Alarms struct {
 	next   atomic.Uint32 // the list the next alarm goes to, round robin
 	shards [alarmShardCount]alarmList
 }
 
-// set lists a, which must not be listed, on one of the lists (see
+// Set lists a, which must not be listed, on one of the lists (see
 // alarmList.set).
-func (s *alarmShards) set(a *alarm, owner alarmOwner, due time.Time, gen uint64) {
+func (s *Alarms) Set(a *Alarm, owner Owner, due time.Time, gen uint64) {
 	l := &s.shards[s.next.Add(1)%alarmShardCount]
 	a.list = l
 	l.set(a, owner, due, gen)
 }
 
-// cancel takes a off its list (see alarmList.cancel).
-func (s *alarmShards) cancel(a *alarm) bool {
+// Cancel takes a off its list (see alarmList.cancel).
+func (s *Alarms) Cancel(a *Alarm) bool {
 	if a.list == nil {
 		return false // never set
 	}
@@ -48,7 +52,7 @@ func (s *alarmShards) cancel(a *alarm) bool {
 }
 
 // listed calls f with each listed alarm, each list locked in turn.
-func (s *alarmShards) listed(f func(*alarm)) {
+func (s *Alarms) listed(f func(*Alarm)) {
 	for i := range s.shards {
 		l := &s.shards[i]
 		l.mu.Lock()
@@ -59,9 +63,9 @@ func (s *alarmShards) listed(f func(*alarm)) {
 	}
 }
 
-// alarm is an entry of the list, embedded in its owner.
-type alarm struct {
-	owner alarmOwner
+// Alarm is an entry of the list, embedded in its owner.
+type Alarm struct {
+	owner Owner
 	due   time.Time
 	gen   uint64 // the owner's generation when set, passed back to it
 	// list is the list it was last set on; set and cancel of one alarm
@@ -69,26 +73,26 @@ type alarm struct {
 	list *alarmList
 	// prev and next link the alarm while it is listed; they and listed
 	// belong to alarmList.mu.
-	prev, next *alarm
+	prev, next *Alarm
 	listed     bool
 }
 
-// alarmOwner is called back, without the list's lock, when an alarm it set
+// Owner is called back, without the list's lock, when an alarm it set
 // for generation gen is due. It must not block: it starts a goroutine for
 // slow work.
-type alarmOwner interface {
-	alarmed(gen uint64)
+type Owner interface {
+	Alarmed(gen uint64)
 }
 
 type alarmList struct {
 	mu    sync.Mutex
-	head  *alarm
+	head  *Alarm
 	timer *time.Timer
 	next  time.Time // what the timer is set to; zero when stopped
 }
 
-// set lists a, which must not be listed, to call owner.alarmed(gen) at due.
-func (l *alarmList) set(a *alarm, owner alarmOwner, due time.Time, gen uint64) {
+// set lists a, which must not be listed, to call owner.Alarmed(gen) at due.
+func (l *alarmList) set(a *Alarm, owner Owner, due time.Time, gen uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a.owner, a.due, a.gen = owner, due, gen
@@ -104,7 +108,7 @@ func (l *alarmList) set(a *alarm, owner alarmOwner, due time.Time, gen uint64) {
 
 // cancel takes a off the list and reports whether it was still listed
 // (false: it was never set, was cancelled, or has fired).
-func (l *alarmList) cancel(a *alarm) bool {
+func (l *alarmList) cancel(a *Alarm) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !a.listed {
@@ -115,7 +119,7 @@ func (l *alarmList) cancel(a *alarm) bool {
 }
 
 // unlink takes a listed alarm off the list. l.mu is held.
-func (l *alarmList) unlink(a *alarm) {
+func (l *alarmList) unlink(a *Alarm) {
 	if a.prev != nil {
 		a.prev.next = a.next
 	} else {
@@ -140,7 +144,7 @@ func (l *alarmList) reset(t time.Time) {
 // fire calls back the alarms that are due.
 func (l *alarmList) fire() {
 	type due struct {
-		owner alarmOwner
+		owner Owner
 		gen   uint64
 	}
 	var calls []due
@@ -163,6 +167,6 @@ func (l *alarmList) fire() {
 	}
 	l.mu.Unlock()
 	for _, c := range calls {
-		c.owner.alarmed(c.gen)
+		c.owner.Alarmed(c.gen)
 	}
 }
