@@ -191,7 +191,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
-	ctx = a.ops.Arm(ctx, c.cfg.StoreTimeout)
+	ctx = a.ops.Arm(deadline.Wall, ctx, c.cfg.StoreTimeout)
 	defer a.ops.Disarm()
 	ctx, end := c.span(ctx, "idem.reserve")
 	start := c.clockStart()
@@ -332,7 +332,7 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 // from ctx's cancellation: a client that hangs up does not stop it. It
 // logs a failure and returns it.
 func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
-	sctx := a.ops.Arm(ctx, c.cfg.StoreTimeout)
+	sctx := a.ops.Arm(deadline.Wall, ctx, c.cfg.StoreTimeout)
 	defer a.ops.Disarm()
 	sctx, end := c.span(sctx, "idem.complete")
 	start := c.clockStart()

@@ -24,7 +24,7 @@ func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	deadline.Proc.Set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
+	deadline.Wall.Set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
 }
 
 // Alarmed renews the lease in a goroutine of its own: the list calls its
@@ -55,7 +55,7 @@ func (rn *renewer) renew() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		deadline.Proc.Set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
+		deadline.Wall.Set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
 	}
 	rn.mu.Unlock()
 }
@@ -68,5 +68,5 @@ func (rn *renewer) stop() {
 		return
 	}
 	rn.stopped = true
-	deadline.Proc.Cancel(&rn.alarm)
+	deadline.Wall.Cancel(&rn.alarm)
 }

@@ -10,40 +10,78 @@ import (
 	"time"
 )
 
-// Proc calls its alarms back at their due time, with one runtime timer
-// for the whole process set to the earliest of them. Every store call that
-// waits (its deadline) and every running handler (its lease heartbeat)
-// needs a timer; starting and stopping a runtime timer for each costs a
-// network store several per cent of its throughput on two cores, while
-// adding an alarm to the list and removing it is a few pointer writes under
-// a mutex. The timer is reset only when an alarm is due before the time it
-// is set to, which under steady load (alarms due in the order they were
-// set) is when the list was empty. When it fires it takes every alarm that
-// is due off the list and calls them back, then sets itself to the earliest
-// one left.
+// Clock is the time the alarms are due on: its readings and its timers.
+type Clock interface {
+	// Now returns the clock's current time.
+	Now() time.Time
+	// AfterFunc calls f once d has passed on the clock, unless stop is
+	// called first; stop reports whether it prevented the call. It never
+	// calls f before it returns. f must not block: the wall clock calls it
+	// in a goroutine of its own, a test clock may call it from the goroutine
+	// that moves the clock.
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+// WallClock is the wall clock: time.Now and time.AfterFunc.
+var WallClock Clock = wallClock{}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// Wall is the process's alarm list on the wall clock, shared by every
+// middleware that was given no clock of its own.
+var Wall = NewAlarms(WallClock)
+
+// Alarms calls its alarms back at their due time, with one timer of its
+// clock set to the earliest of them. Every store call that waits (its
+// deadline) and every running handler (its lease heartbeat) needs a timer;
+// starting and stopping a runtime timer for each costs a network store
+// several per cent of its throughput on two cores, while adding an alarm to
+// the list and removing it is a few pointer writes under a mutex. The timer
+// is reset only when an alarm is due before the time it is set to, which
+// under steady load (alarms due in the order they were set) is when the list
+// was empty. When it fires it takes every alarm that is due off the list and
+// calls them back, then sets itself to the earliest one left.
 //
-// The list is sharded: an alarm goes to one of alarmShardCount lists, each with
-// its own lock and timer, so that the requests of a busy process (three
+// The list is sharded: an alarm goes to one of alarmShardCount lists, each
+// with its own lock and timer, so that the requests of a busy process (three
 // alarms set and cancelled each) do not queue on one lock.
-var Proc Alarms
-
-// alarmShardCount is the number of lists; a power of two.
-const alarmShardCount = 16
-
 type Alarms struct {
+	clock  Clock
 	next   atomic.Uint32 // the list the next alarm goes to, round robin
 	shards [alarmShardCount]alarmList
 }
 
-// Set lists a, which must not be listed, on one of the lists (see
-// alarmList.set).
+// alarmShardCount is the number of lists; a power of two.
+const alarmShardCount = 16
+
+// NewAlarms returns an empty alarm list on clock c.
+func NewAlarms(c Clock) *Alarms {
+	s := &Alarms{clock: c}
+	for i := range s.shards {
+		s.shards[i].clock = c
+	}
+	return s
+}
+
+// Clock returns the list's clock.
+func (s *Alarms) Clock() Clock { return s.clock }
+
+// Set lists a, which must not be listed, on one of the lists, to call
+// owner.Alarmed(gen) once the list's clock reads due.
 func (s *Alarms) Set(a *Alarm, owner Owner, due time.Time, gen uint64) {
 	l := &s.shards[s.next.Add(1)%alarmShardCount]
 	a.list = l
 	l.set(a, owner, due, gen)
 }
 
-// Cancel takes a off its list (see alarmList.cancel).
+// Cancel takes a off its list and reports whether it was still listed
+// (false: it was never set, was cancelled, or has fired).
 func (s *Alarms) Cancel(a *Alarm) bool {
 	if a.list == nil {
 		return false // never set
@@ -85,10 +123,11 @@ type Owner interface {
 }
 
 type alarmList struct {
+	clock Clock
 	mu    sync.Mutex
 	head  *Alarm
-	timer *time.Timer
-	next  time.Time // what the timer is set to; zero when stopped
+	stop  func() bool // stops the timer; nil before the first
+	next  time.Time   // what the timer is set to; zero when stopped
 }
 
 // set lists a, which must not be listed, to call owner.Alarmed(gen) at due.
@@ -134,11 +173,10 @@ func (l *alarmList) unlink(a *Alarm) {
 // reset points the timer at t. l.mu is held.
 func (l *alarmList) reset(t time.Time) {
 	l.next = t
-	if l.timer == nil {
-		l.timer = time.AfterFunc(time.Until(t), l.fire)
-		return
+	if l.stop != nil {
+		l.stop()
 	}
-	l.timer.Reset(time.Until(t))
+	l.stop = l.clock.AfterFunc(t.Sub(l.clock.Now()), l.fire)
 }
 
 // fire calls back the alarms that are due.
@@ -149,7 +187,7 @@ func (l *alarmList) fire() {
 	}
 	var calls []due
 	l.mu.Lock()
-	now := time.Now()
+	now := l.clock.Now()
 	var earliest time.Time
 	for a := l.head; a != nil; {
 		next := a.next

@@ -11,19 +11,21 @@ import (
 // completion). It carries the request's values but not its cancellation, so
 // a client that hangs up does not stop the outcome from being recorded, and
 // it expires StoreTimeout after each arm (counted from the store's first
-// look at it, which comes at once: arming reads no clock).
+// look at it, which comes at once: arming reads no clock). Its deadline is
+// on the clock of the alarm list it is armed on.
 //
 // It costs the hot path nothing it does not use: embedded in the attempt, it
 // is one allocation with the request, and its channel is made only when a
 // store asks for Done (a network store does; the memory store only asks
 // Err, which compares the clock with the deadline). Its expiry is an alarm
-// of the process-wide list (see Proc), not a runtime timer per call.
+// of a shared list (see Alarms), not a runtime timer per call.
 // It implements AfterFunc, so contexts a store derives from it
 // are cancelled without a watcher goroutine each (see context.AfterFunc).
 type Ctx struct {
 	context.Context // values only: Deadline, Done and Err are Ctx's own
 
 	mu       sync.Mutex
+	alarms   *Alarms // the list of this arm
 	timeout  time.Duration
 	deadline time.Time // zero until start
 	armed    bool      // between arm and disarm
@@ -41,15 +43,16 @@ type afterFunc struct {
 	c *Ctx
 }
 
-// Arm starts a call: the context expires d from now. A context that expired
-// during an earlier call starts afresh.
-func (c *Ctx) Arm(values context.Context, d time.Duration) context.Context {
+// Arm starts a call: the context expires d from now on the clock of
+// alarms. A context that expired during an earlier call starts afresh.
+func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.Context = values
 	if c.watched { // armed again without disarm
-		Proc.Cancel(&c.alarm)
+		c.alarms.Cancel(&c.alarm)
 	}
+	c.alarms = alarms
 	if c.err != nil {
 		c.done, c.err, c.funcs = nil, nil, nil
 	}
@@ -64,7 +67,7 @@ func (c *Ctx) Arm(values context.Context, d time.Duration) context.Context {
 // read. It returns the deadline. c.mu is held.
 func (c *Ctx) start() time.Time {
 	if c.deadline.IsZero() {
-		c.deadline = time.Now().Add(c.timeout)
+		c.deadline = c.alarms.clock.Now().Add(c.timeout)
 	}
 	return c.deadline
 }
@@ -75,7 +78,7 @@ func (c *Ctx) Disarm() {
 	defer c.mu.Unlock()
 	c.armed = false
 	if c.watched {
-		Proc.Cancel(&c.alarm)
+		c.alarms.Cancel(&c.alarm)
 		c.watched = false
 	}
 }
@@ -86,7 +89,7 @@ func (c *Ctx) tick() {
 		return
 	}
 	c.watched = true
-	Proc.Set(&c.alarm, c, c.start(), c.gen)
+	c.alarms.Set(&c.alarm, c, c.start(), c.gen)
 }
 
 // Alarmed expires the context if it is still on arm gen.
@@ -142,7 +145,7 @@ func (c *Ctx) Err() error {
 	c.mu.Lock()
 	if c.err == nil && c.armed && c.deadline.IsZero() {
 		c.start() // the first look: the deadline is ahead
-	} else if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
+	} else if c.err == nil && c.armed && !c.alarms.clock.Now().Before(c.deadline) {
 		funcs := c.expireLocked()
 		c.mu.Unlock()
 		for _, af := range funcs {
@@ -184,4 +187,13 @@ func (af *afterFunc) stop() bool {
 	}
 	c.funcs = slices.Delete(c.funcs, i, i+1)
 	return true
+}
+
+// WithTimeout returns a context with the values of parent but not its
+// cancellation, which expires d from now on the clock of alarms, and the
+// function that releases it. It is Ctx for a call that is not on the hot
+// path: one allocation, no runtime timer.
+func WithTimeout(alarms *Alarms, parent context.Context, d time.Duration) (context.Context, func()) {
+	c := new(Ctx)
+	return c.Arm(alarms, parent, d), c.Disarm
 }
