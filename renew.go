@@ -11,12 +11,13 @@ import (
 )
 
 // renewer heartbeats the lease every Lease/3 while the handler runs, on an
-// alarm of the process-wide list rather than a goroutine or a runtime timer
+// alarm of the core's list rather than a goroutine or a runtime timer
 // per request.
 type renewer struct {
 	a       *attempt
 	mu      sync.Mutex
 	stopped bool
+	due     time.Time // of the next renewal
 	alarm   deadline.Alarm
 }
 
@@ -24,7 +25,8 @@ func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	deadline.Wall.Set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
+	rn.due = a.c.clock.Now().Add(a.c.cfg.Lease / 3)
+	a.c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 }
 
 // Alarmed renews the lease in a goroutine of its own: the list calls its
@@ -41,7 +43,7 @@ func (rn *renewer) renew() {
 	if stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StoreTimeout)
+	ctx, cancel := deadline.WithTimeout(c.alarms, context.Background(), c.cfg.StoreTimeout)
 	start := c.clockStart()
 	err := c.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: c.cfg.Lease})
 	c.storeCall("renew", start, err)
@@ -55,7 +57,8 @@ func (rn *renewer) renew() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		deadline.Wall.Set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
+		rn.due = c.clock.Now().Add(c.cfg.Lease / 3)
+		c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 	}
 	rn.mu.Unlock()
 }
@@ -68,5 +71,5 @@ func (rn *renewer) stop() {
 		return
 	}
 	rn.stopped = true
-	deadline.Wall.Cancel(&rn.alarm)
+	rn.a.c.alarms.Cancel(&rn.alarm)
 }
