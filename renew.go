@@ -57,7 +57,13 @@ func (rn *renewer) renew() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		rn.due = c.clock.Now().Add(c.cfg.Lease / 3)
+		// Lease/3 after the last one was due, not after it returned, so
+		// that the pace does not drift with the store's latency, and at
+		// once when that is past already (the clock moved on meanwhile).
+		rn.due = rn.due.Add(c.cfg.Lease / 3)
+		if now := c.clock.Now(); rn.due.Before(now) {
+			rn.due = now
+		}
 		c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 	}
 	rn.mu.Unlock()
