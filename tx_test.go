@@ -55,7 +55,7 @@ func txSetup(t *testing.T, cfg *idem.Config, faults *txFaults, h func(w http.Res
 		c = *cfg
 	}
 	c.Transactional = true
-	c.Now = b.clock.Now
+	c.Clock = b.clock
 	c.Lease = txLease
 	c.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var store idemstore.Store = b.store
