@@ -185,9 +185,10 @@ type Clock interface {
 	// Now returns the clock's current time.
 	Now() time.Time
 	// AfterFunc calls f once d has passed on the clock, unless stop is
-	// called first; stop reports whether it prevented the call. It never
-	// calls f before it returns, and f never blocks. time.AfterFunc(d,
-	// f).Stop is the wall clock's.
+	// called first; stop reports whether it prevented the call. It must not
+	// call f before it returns. The functions idem passes return at once,
+	// so a test clock may call them on the goroutine that moves it.
+	// time.AfterFunc(d, f).Stop is the wall clock's.
 	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 
