@@ -25,14 +25,18 @@ func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, wait
 			}
 		}()
 	}
-	// Fallback for completions in other processes without notifications:
-	// re-read at a pace tied to the attempt's progress.
-	poll, stopPoll := c.after(min(time.Duration(retryAfter(c.cfg.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
-	defer stopPoll()
+	// Fallback for completions in other processes without notifications,
+	// and for a completion in this one that published before ch was
+	// subscribed: re-read at a pace tied to the attempt's progress. The
+	// wall clock, not Config.Clock: a re-read decides nothing (the bound is
+	// waitOver), and on a test clock that nobody moves a missed wake-up
+	// would wait for ever.
+	poll := time.NewTimer(min(time.Duration(retryAfter(c.cfg.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
+	defer poll.Stop()
 	select {
 	case <-ch.c:
 	case <-woke:
-	case <-poll:
+	case <-poll.C:
 	case <-waitOver:
 		return false
 	case <-ctx.Done():
