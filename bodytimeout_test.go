@@ -116,9 +116,9 @@ func TestSlowBodyTimesOutWithoutReserving(t *testing.T) {
 	}
 }
 
-// A body that arrives within the bound, even slowly, is served, and the
-// deadline does not outlive it: the next request on the same connection is
-// not cut short.
+// A body that arrives within the bound, even slowly, is served, and so is
+// the next request on the same connection (TestBodyDeadlineLifted shows the
+// deadline does not outlive the body).
 func TestBodyWithinTimeoutIsServed(t *testing.T) {
 	t.Parallel()
 	store := idemmem.New(nil)
@@ -148,8 +148,44 @@ func TestBodyWithinTimeoutIsServed(t *testing.T) {
 		if resp.StatusCode != http.StatusCreated {
 			t.Fatalf("request %d: %d, want 201", i, resp.StatusCode)
 		}
-		if i == 0 {
-			time.Sleep(2500 * time.Millisecond) // past the first body's deadline
-		}
+	}
+}
+
+// deadlineWriter is a ResponseWriter whose connection read deadlines are
+// recorded: http.ResponseController sets them on it.
+type deadlineWriter struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (w *deadlineWriter) SetReadDeadline(t time.Time) error {
+	w.deadlines = append(w.deadlines, t)
+	return nil
+}
+
+// The body's read deadline is BodyTimeout from when the middleware starts
+// reading, and it is lifted before the handler runs, so that neither the
+// handler nor the next request on the connection is cut short by it.
+func TestBodyDeadlineLifted(t *testing.T) {
+	t.Parallel()
+	const timeout = 2 * time.Second
+	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder()}
+	var atHandler []time.Time
+	h := idem.New(idemmem.New(nil), &idem.Config{BodyTimeout: timeout})(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		atHandler = append(atHandler, w.deadlines...)
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/x", strings.NewReader("{}"))
+	r.Header.Set("Idempotency-Key", "k")
+	before := time.Now()
+	h.ServeHTTP(w, r)
+	after := time.Now()
+	if len(atHandler) != 2 || !atHandler[1].IsZero() {
+		t.Fatalf("deadlines set before the handler ran: %v, want one, then the zero time (lifted)", atHandler)
+	}
+	if d := atHandler[0]; d.Before(before.Add(timeout)) || d.After(after.Add(timeout)) {
+		t.Fatalf("deadline %v, want %v after the request started", d, timeout)
+	}
+	if len(w.deadlines) != 2 {
+		t.Fatalf("deadlines %v, want no more after the handler", w.deadlines)
 	}
 }

@@ -167,8 +167,29 @@ type Config struct {
 	// Logger receives the middleware's logs. Keys appear only as hashes.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Defaults to time.Now.
+	// Clock is the clock of every time decision the middleware (or a
+	// Guard) makes: the deadlines of store calls (StoreTimeout), lease renewals (every
+	// Lease/3), waits (Wait), Retry-After and the per-scope key rate. Tests
+	// pass an *idemtest.Clock and move time with its Advance instead of
+	// sleeping. Defaults to the wall clock, read through Now.
+	Clock Clock
+	// Now, when Clock is nil, is read for Retry-After and the per-scope key
+	// rate; deadlines, lease renewals and waits then run on the wall clock.
+	// It is ignored when Clock is set. Defaults to time.Now.
 	Now func() time.Time
+}
+
+// Clock tells the time and runs functions after a while on it; the
+// middleware and Guard take one as Config.Clock. *idemtest.Clock implements it.
+type Clock interface {
+	// Now returns the clock's current time.
+	Now() time.Time
+	// AfterFunc calls f once d has passed on the clock, unless stop is
+	// called first; stop reports whether it prevented the call. It must not
+	// call f before it returns. The functions idem passes return at once,
+	// so a test clock may call them on the goroutine that moves it.
+	// time.AfterFunc(d, f).Stop is the wall clock's.
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 
 // FingerprintConfig narrows the fingerprint of JSON bodies to selected
@@ -227,7 +248,9 @@ func (c *Config) withDefaults() Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
+	if cfg.Clock != nil {
+		cfg.Now = cfg.Clock.Now
+	} else if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	return cfg

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // core is the decision logic every adapter shares, the HTTP middleware and
@@ -30,6 +31,10 @@ type core struct {
 	hub     hub
 	limits  *scopeLimits
 	timed   bool // Metrics is not the no-op default: time store calls
+	// clock is Config.Clock or the wall clock, and alarms the list of
+	// alarms on it: store-call deadlines and lease renewals.
+	clock  deadline.Clock
+	alarms *deadline.Alarms
 }
 
 // newCore applies cfg's defaults and wraps store as every adapter uses it.
@@ -39,6 +44,11 @@ func newCore(store idemstore.Store, c *Config) *core {
 	// records rather than replaying ciphertext.
 	store = idemcrypt.New(store, cfg.Keyring)
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
+	co.clock, co.alarms = deadline.WallClock, deadline.Wall
+	if cfg.Clock != nil {
+		co.clock = cfg.Clock
+		co.alarms = deadline.NewAlarms(cfg.Clock)
+	}
 	_, nop := cfg.Metrics.(nopMetrics)
 	co.timed = !nop
 	co.waiter, _ = store.(idemstore.Waiter)
@@ -71,7 +81,7 @@ type attempt struct {
 
 	// Embedded so that one allocation serves the whole request.
 	body   []byte
-	ops    opCtx // the context of the store calls
+	ops    deadline.Ctx // the context of the store calls
 	params idemstore.ReserveParams
 	// *execution is set when the request runs the handler.
 	*execution
@@ -130,7 +140,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			}
 		}()
 	}
-	var deadline <-chan time.Time
+	var waitOver <-chan struct{}
 	for {
 		res, err := c.reserve(ctx, a)
 		if err != nil {
@@ -173,12 +183,12 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			a.decision(DecisionInProgress)
 			return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec)}
 		}
-		if deadline == nil {
-			t := time.NewTimer(c.cfg.Wait)
-			defer t.Stop()
-			deadline = t.C
+		if waitOver == nil {
+			var stop func() bool
+			waitOver, stop = c.after(c.cfg.Wait)
+			defer stop()
 		}
-		if !c.wait(ctx, a, rec, deadline) {
+		if !c.wait(ctx, a, rec, waitOver) {
 			if err := ctx.Err(); err != nil {
 				return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec), err: err}
 			}
@@ -190,8 +200,8 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
-	ctx = a.ops.arm(ctx, c.cfg.StoreTimeout)
-	defer a.ops.disarm()
+	ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+	defer a.ops.Disarm()
 	ctx, end := c.span(ctx, "idem.reserve")
 	start := c.clockStart()
 	defer func() {
@@ -291,7 +301,7 @@ func (c *core) release(ctx context.Context, a *attempt) error {
 // it. When that fails nothing took effect: the key is released (unless a
 // newer attempt holds it) and the error says why.
 func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.CompleteParams) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.StoreTimeout)
+	cctx, cancel := deadline.WithTimeout(c.alarms, ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	cctx, end := c.span(cctx, "idem.complete")
 	tx, err := a.beginTx(context.WithoutCancel(ctx))()
@@ -331,8 +341,8 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 // from ctx's cancellation: a client that hangs up does not stop it. It
 // logs a failure and returns it.
 func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
-	sctx := a.ops.arm(ctx, c.cfg.StoreTimeout)
-	defer a.ops.disarm()
+	sctx := a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+	defer a.ops.Disarm()
 	sctx, end := c.span(sctx, "idem.complete")
 	start := c.clockStart()
 	err := f(sctx)
@@ -365,7 +375,7 @@ func (a *attempt) rollback(ctx context.Context) {
 	if a.tx == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.c.cfg.StoreTimeout)
+	ctx, cancel := deadline.WithTimeout(a.c.alarms, ctx, a.c.cfg.StoreTimeout)
 	defer cancel()
 	if err := a.tx.Rollback(ctx); err != nil {
 		a.c.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
@@ -382,6 +392,7 @@ func (c *core) span(ctx context.Context, name string) (context.Context, func(err
 }
 
 // clockStart starts timing a store call, when there are Metrics to tell.
+// The wall clock, not Config.Clock: a latency is measured, not decided.
 func (c *core) clockStart() time.Time {
 	if !c.timed {
 		return time.Time{}

@@ -37,8 +37,10 @@ type receipt struct {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// testGuard returns a Guard on store whose every time decision (store-call
+// deadlines, lease renewals, waits, Retry-After) runs on clock.
 func testGuard(store idemstore.Store, clock *idemtest.Clock, cfg idem.Config) *idem.Guard {
-	cfg.Now = clock.Now
+	cfg.Clock = clock
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
@@ -143,16 +145,17 @@ func race(n int, f func(i int)) {
 	done.Wait()
 }
 
-// TestDoLeaseExpiry: a function whose lease expires while it runs (the
-// clock moves past it) leaves the key unknown: a retry is refused with
-// ErrOutcomeUnknown and the function never runs twice. Its late, true
-// outcome still settles the record, and retries then replay it.
+// TestDoLeaseExpiry: a function whose lease expires while it runs (its
+// heartbeat cannot reach the store, and the clock moves past the lease)
+// leaves the key unknown: a retry is refused with ErrOutcomeUnknown and the
+// function never runs twice. Its late, true outcome still settles the
+// record, and retries then replay it.
 func TestDoLeaseExpiry(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, rs realStore) {
 		clock := newTestClock()
 		store := rs.open(t, clock.Now)
-		g := testGuard(store, clock, idem.Config{Lease: 30 * time.Second})
+		g := testGuard(heartbeatDown{store}, clock, idem.Config{Lease: 30 * time.Second})
 		ctx := context.Background()
 		payload := charge{Account: "acct-1", Amount: 700}
 		var runs atomic.Int64
@@ -208,6 +211,13 @@ func TestDoLeaseExpiry(t *testing.T) {
 		}
 	})
 }
+
+// heartbeatDown is a store whose lease renewals fail, as when the process
+// running the function is cut off from the store: moving the test clock
+// past the lease lets it lapse instead of renewing it.
+type heartbeatDown struct{ idemstore.Store }
+
+func (heartbeatDown) KeyRenew(context.Context, *idemstore.RenewParams) error { return errOutage }
 
 // TestDoKeyReused: the same key with another payload is refused, on every
 // store, and runs nothing; a member left out of the fingerprint may differ.

@@ -27,8 +27,8 @@ type Guard struct {
 // Config). The options that concern a call rather than HTTP apply as they do
 // to the middleware: TTL, Lease, Wait, MinKeyLength, MaxResponse (the
 // largest result body stored), Keyring, StoreTimeout, the per-scope limits,
-// Transactional, FailOpen, Metrics, Tracer, Logger and Now. The HTTP ones
-// (Methods, RequireKey, Scope, Endpoint, Fingerprint, Async, MaxBody,
+// Transactional, FailOpen, Metrics, Tracer, Logger, Clock and Now. The HTTP
+// ones (Methods, RequireKey, Scope, Endpoint, Fingerprint, Async, MaxBody,
 // BodyTimeout, StoredHeaders, Redact, Profile, the problem URIs) are ignored:
 // the adapter supplies the identity, the fingerprint and the encoding. Like
 // New, it panics when Config.Transactional is set and store does not

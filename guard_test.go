@@ -32,7 +32,7 @@ type guardBundle struct {
 func setupGuard(t *testing.T, cfg idem.Config) *guardBundle {
 	t.Helper()
 	b := &guardBundle{clock: newTestClock(), logs: &syncBuffer{}}
-	b.store = &faultStore{Store: idemmem.New(&idemmem.Config{Now: b.clock.Now})}
+	b.store = newFaultStore(idemmem.New(&idemmem.Config{Now: b.clock.Now}))
 	cfg.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	b.guard = testGuard(b.store, b.clock, cfg)
 	t.Cleanup(func() {

@@ -252,7 +252,7 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 		return nil, false, nil
 	}
 	rc := http.NewResponseController(w)
-	// The wall clock, not Config.Now: the deadline is the connection's.
+	// The wall clock, not Config.Clock: the deadline is the connection's.
 	if rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)) == nil {
 		defer func() {
 			if !errors.Is(err, os.ErrDeadlineExceeded) {

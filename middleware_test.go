@@ -37,13 +37,13 @@ func setup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *testBundle {
 	b := &testBundle{clock: idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), logs: &syncBuffer{}}
 	// The memory store shares a completed record with every replay: fail
 	// the test if the middleware changes one (idemstore.ReserveResult).
-	b.store = &faultStore{Store: idemtest.CheckReserveResults(t, idemmem.New(&idemmem.Config{Now: b.clock.Now}))}
+	b.store = newFaultStore(idemtest.CheckReserveResults(t, idemmem.New(&idemmem.Config{Now: b.clock.Now})))
 	var c idem.Config
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Now == nil {
-		c.Now = b.clock.Now
+	if c.Clock == nil && c.Now == nil {
+		c.Clock = b.clock
 	}
 	c.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if h == nil {
@@ -428,18 +428,21 @@ func TestNotReplayable(t *testing.T) {
 	})
 }
 
+// gate returns a handler that closes started when it first runs, then
+// waits for release before it answers 201 "done".
+func gate() (started, release chan struct{}, h http.HandlerFunc) {
+	started, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	return started, release, func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(started) })
+		<-release
+		w.WriteHeader(201)
+		io.WriteString(w, "done")
+	}
+}
+
 func TestInProgress(t *testing.T) {
 	t.Parallel()
-	gate := func() (chan struct{}, chan struct{}, http.HandlerFunc) {
-		started, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		return started, release, func(w http.ResponseWriter, r *http.Request) {
-			once.Do(func() { close(started) })
-			<-release
-			w.WriteHeader(201)
-			io.WriteString(w, "done")
-		}
-	}
 	t.Run("409 with Retry-After", func(t *testing.T) {
 		t.Parallel()
 		started, release, h := gate()
@@ -490,49 +493,66 @@ func TestInProgress(t *testing.T) {
 		t.Parallel()
 		started, release, h := gate()
 		defer close(release)
-		b := setup(t, &idem.Config{Wait: 50 * time.Millisecond}, h)
+		const wait = 5 * time.Second
+		b := setup(t, &idem.Config{Wait: wait}, h)
 		go b.do(t, "POST", "key-one", "{}")
-		<-started
-		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "key-in-use")
+		<-started // its lease renewal is the clock's first timer
+		waiter := b.goDo(t, "POST", "key-one", "{}")
+		b.clock.WaitForTimers(2) // the waiter's bound
+		b.clock.Advance(wait - time.Nanosecond)
+		select {
+		case w := <-waiter:
+			t.Fatalf("answered %d before the wait was over", w.Code)
+		default:
+		}
+		b.clock.Advance(time.Nanosecond)
+		requireProblem(t, answer(t, waiter), 409, "key-in-use")
 	})
 }
 
+// TestLeaseRenewedWhileHandlerRuns keeps a handler running for longer than
+// its lease on the test clock: the middleware renews the lease every
+// Lease/3, so a duplicate gets key-in-use all along (an expired lease would
+// answer outcome-unknown), and the first request's answer is stored once.
 func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
 	t.Parallel()
-	// Real time: the lease (60 ms) is much shorter than the handler (400 ms).
-	store := idemmem.New(nil)
-	var calls atomic.Int64
-	h := idem.New(store, &idem.Config{Lease: 60 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		time.Sleep(400 * time.Millisecond)
-		w.WriteHeader(201)
-	}))
-	req := func() *httptest.ResponseRecorder {
-		r := httptest.NewRequest("POST", "/x", nil)
-		r.Header.Set("Idempotency-Key", "k")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
-	done := make(chan struct{})
-	go func() { req(); close(done) }()
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		w := req()
-		if w.Code == 201 {
-			break
+	started, release, h := gate()
+	const lease = 30 * time.Second
+	b := setup(t, &idem.Config{Lease: lease}, h)
+	first := b.goDo(t, "POST", "key-one", "{}")
+	<-started
+	id := idemstore.Identity{Endpoint: "POST /v1/things", Key: "key-one"}
+	for i := range 4 { // 40 s: past the lease of the reservation
+		b.clock.Advance(lease / 3)
+		select {
+		case <-b.store.renewed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("renewal %d did not come", i+1)
 		}
-		if w.Code != 409 || !strings.Contains(w.Body.String(), "key-in-use") {
-			t.Fatalf("while the handler runs: %d %s", w.Code, w.Body)
+		rec, err := b.store.KeyGet(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		if want := b.clock.Now().Add(lease); rec.State != idemstore.StateInProgress || !rec.LockedUntil.Equal(want) {
+			t.Fatalf("after renewal %d: %s until %v, want in_progress until %v", i+1, rec.State, rec.LockedUntil, want)
+		}
+		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 409, "key-in-use")
 	}
-	<-done
-	if w := req(); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+	close(release)
+	if w := answer(t, first); w.Code != 201 {
+		t.Fatalf("first: %d", w.Code)
+	}
+	b.clock.Advance(time.Hour) // no renewal after the handler
+	select {
+	case <-b.store.renewed:
+		t.Fatal("the lease was renewed after the handler returned")
+	default:
+	}
+	if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after: %d", w.Code)
 	}
-	if calls.Load() != 1 {
-		t.Fatalf("calls %d", calls.Load())
+	if b.calls.Load() != 1 {
+		t.Fatalf("calls %d", b.calls.Load())
 	}
 }
 
@@ -579,9 +599,11 @@ func TestStoreOutage(t *testing.T) {
 	})
 	t.Run("reserve timeout", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, &idem.Config{StoreTimeout: 50 * time.Millisecond}, nil)
+		b := setup(t, nil, nil)
 		b.store.hangReserve.Store(true)
-		requireProblem(t, b.do(t, "POST", "key-one", "{}"), 503, "store-unavailable")
+		res := b.goDo(t, "POST", "key-one", "{}")
+		w := b.expireHungCall(t, res, 2*time.Second) // the default StoreTimeout
+		requireProblem(t, w, 503, "store-unavailable")
 		if b.calls.Load() != 0 {
 			t.Fatal("handler ran")
 		}
@@ -590,7 +612,8 @@ func TestStoreOutage(t *testing.T) {
 		t.Parallel()
 		b := setup(t, &idem.Config{StoreTimeout: 50 * time.Millisecond}, nil)
 		b.store.hangComplete.Store(true)
-		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 {
+		res := b.goDo(t, "POST", "key-one", "{}")
+		if w := b.expireHungCall(t, res, 50*time.Millisecond); w.Code != 201 {
 			t.Fatalf("status %d", w.Code)
 		}
 		b.store.hangComplete.Store(false)
@@ -674,7 +697,7 @@ func TestScopeLimits(t *testing.T) {
 
 func TestClientDisconnectStillStores(t *testing.T) {
 	t.Parallel()
-	store := idemmem.New(nil)
+	store := newFaultStore(idemmem.New(nil))
 	var calls atomic.Int64
 	started, finished := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(idem.New(store, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -695,26 +718,21 @@ func TestClientDisconnectStillStores(t *testing.T) {
 		t.Fatal("expected the client's request to be cancelled")
 	}
 	<-finished
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		req, _ := http.NewRequest("POST", srv.URL, strings.NewReader("{}"))
-		req.Header.Set("Idempotency-Key", "k")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == 201 {
-			if string(body) != "charged" || resp.Header.Get("Idempotent-Replayed") != "true" {
-				t.Fatalf("retry: %q replayed=%q", body, resp.Header.Get("Idempotent-Replayed"))
-			}
-			break
-		}
-		if resp.StatusCode != 409 || time.Now().After(deadline) {
-			t.Fatalf("retry: %d %s", resp.StatusCode, body)
-		}
-		time.Sleep(10 * time.Millisecond) // the completion is being written
+	select {
+	case <-store.completed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the completion was not written")
+	}
+	req, _ = http.NewRequest("POST", srv.URL, strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || string(body) != "charged" || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %q replayed=%q", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("calls %d", calls.Load())
@@ -780,12 +798,78 @@ func TestDerivedKeyFromContext(t *testing.T) {
 	}
 }
 
-// faultStore wraps a store to count calls and inject outages.
+// goDo is do in a goroutine of its own: the answer comes on the channel.
+func (b *testBundle) goDo(t *testing.T, method, key, body string, hdr ...string) <-chan *httptest.ResponseRecorder {
+	c := make(chan *httptest.ResponseRecorder, 1)
+	go func() { c <- b.do(t, method, key, body, hdr...) }()
+	return c
+}
+
+// answer receives the answer of a request started with goDo.
+func answer(t *testing.T, res <-chan *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+	t.Helper()
+	select {
+	case w := <-res:
+		return w
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer within 10s")
+		return nil
+	}
+}
+
+// expireHungCall waits until a store call hangs on its context, then moves
+// the clock to the call's deadline, timeout after its start, and returns the
+// answer: the request must not be answered a nanosecond before.
+func (b *testBundle) expireHungCall(t *testing.T, res <-chan *httptest.ResponseRecorder, timeout time.Duration) *httptest.ResponseRecorder {
+	t.Helper()
+	<-b.store.hung
+	b.clock.Advance(timeout - time.Nanosecond)
+	select {
+	case w := <-res:
+		t.Fatalf("answered %d before the store call's deadline", w.Code)
+	default:
+	}
+	b.clock.Advance(time.Nanosecond)
+	return answer(t, res)
+}
+
+// faultStore wraps a store to count calls, inject outages and tell the test
+// when a call hangs, a renewal is done and a completion is written.
 type faultStore struct {
 	idemstore.Store
 	reserves                   atomic.Int64
 	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
+	// hung receives when a call hangs on its context (its deadline is
+	// set), renewed and completed when a KeyRenew or KeyComplete returned.
+	hung, renewed, completed chan struct{}
+}
+
+func newFaultStore(s idemstore.Store) *faultStore {
+	return &faultStore{Store: s, hung: make(chan struct{}, 16), renewed: make(chan struct{}, 16), completed: make(chan struct{}, 16)}
+}
+
+// tell sends on c unless its buffer is full: a test that does not listen
+// is not held up.
+func tell(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// hang waits for the context to expire, after telling the test.
+func (s *faultStore) hang(ctx context.Context) error {
+	done := ctx.Done() // sets the deadline's alarm
+	tell(s.hung)
+	<-done
+	return ctx.Err()
+}
+
+func (s *faultStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	err := s.Store.KeyRenew(ctx, p)
+	tell(s.renewed)
+	return err
 }
 
 var errOutage = errors.New("connection refused")
@@ -796,8 +880,7 @@ func (s *faultStore) KeyReserve(ctx context.Context, p *idemstore.ReserveParams)
 		return nil, errOutage
 	}
 	if s.hangReserve.Load() {
-		<-ctx.Done()
-		return nil, ctx.Err()
+		return nil, s.hang(ctx)
 	}
 	return s.Store.KeyReserve(ctx, p)
 }
@@ -807,10 +890,11 @@ func (s *faultStore) KeyComplete(ctx context.Context, p *idemstore.CompleteParam
 		return errOutage
 	}
 	if s.hangComplete.Load() {
-		<-ctx.Done()
-		return ctx.Err()
+		return s.hang(ctx)
 	}
-	return s.Store.KeyComplete(ctx, p)
+	err := s.Store.KeyComplete(ctx, p)
+	tell(s.completed)
+	return err
 }
 
 type syncBuffer struct {

@@ -100,7 +100,9 @@ func TestPhasesResumeAfterExpiredLease(t *testing.T) {
 	t.Parallel()
 	var charges atomic.Int64
 	stalled, wake := make(chan struct{}), make(chan struct{})
-	b := txSetup(t, nil, nil, chargeThenRecord(&charges, func(call int64) {
+	// Stalled: its heartbeat does not reach the store either, so moving the
+	// clock lets the lease lapse instead of renewing it.
+	b := txSetup(t, nil, &txFaults{renew: errOutage}, chargeThenRecord(&charges, func(call int64) {
 		if call == 1 {
 			close(stalled)
 			<-wake

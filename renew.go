@@ -7,28 +7,31 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // renewer heartbeats the lease every Lease/3 while the handler runs, on an
-// alarm of the process-wide list rather than a goroutine or a runtime timer
+// alarm of the core's list rather than a goroutine or a runtime timer
 // per request.
 type renewer struct {
 	a       *attempt
 	mu      sync.Mutex
 	stopped bool
-	alarm   alarm
+	due     time.Time // of the next renewal
+	alarm   deadline.Alarm
 }
 
 func (rn *renewer) start(a *attempt) {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.a = a
-	procAlarms.set(&rn.alarm, rn, time.Now().Add(a.c.cfg.Lease/3), 0)
+	rn.due = a.c.clock.Now().Add(a.c.cfg.Lease / 3)
+	a.c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 }
 
-// alarmed renews the lease in a goroutine of its own: the list calls its
+// Alarmed renews the lease in a goroutine of its own: the list calls its
 // alarms back one after the other.
-func (rn *renewer) alarmed(uint64) {
+func (rn *renewer) Alarmed(uint64) {
 	go rn.renew()
 }
 
@@ -40,7 +43,7 @@ func (rn *renewer) renew() {
 	if stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StoreTimeout)
+	ctx, cancel := deadline.WithTimeout(c.alarms, context.Background(), c.cfg.StoreTimeout)
 	start := c.clockStart()
 	err := c.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: c.cfg.Lease})
 	c.storeCall("renew", start, err)
@@ -54,7 +57,14 @@ func (rn *renewer) renew() {
 	}
 	rn.mu.Lock()
 	if !rn.stopped {
-		procAlarms.set(&rn.alarm, rn, time.Now().Add(c.cfg.Lease/3), 0)
+		// Lease/3 after the last one was due, not after it returned, so
+		// that the pace does not drift with the store's latency, and at
+		// once when that is past already (the clock moved on meanwhile).
+		rn.due = rn.due.Add(c.cfg.Lease / 3)
+		if now := c.clock.Now(); rn.due.Before(now) {
+			rn.due = now
+		}
+		c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 	}
 	rn.mu.Unlock()
 }
@@ -67,5 +77,5 @@ func (rn *renewer) stop() {
 		return
 	}
 	rn.stopped = true
-	procAlarms.cancel(&rn.alarm)
+	rn.a.c.alarms.Cancel(&rn.alarm)
 }

@@ -41,9 +41,9 @@ type txBundle struct {
 }
 
 // txFaults makes the store's transactions fail to begin, commit or roll
-// back.
+// back, or its lease renewals fail (the heartbeat cannot reach the store).
 type txFaults struct {
-	begin, commit, rollback error
+	begin, commit, rollback, renew error
 }
 
 func txSetup(t *testing.T, cfg *idem.Config, faults *txFaults, h func(w http.ResponseWriter, r *http.Request, call int64)) *txBundle {
@@ -55,7 +55,7 @@ func txSetup(t *testing.T, cfg *idem.Config, faults *txFaults, h func(w http.Res
 		c = *cfg
 	}
 	c.Transactional = true
-	c.Now = b.clock.Now
+	c.Clock = b.clock
 	c.Lease = txLease
 	c.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var store idemstore.Store = b.store
@@ -140,6 +140,13 @@ func (s *faultyTxStore) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
 		return nil, err
 	}
 	return &faultyTx{Tx: tx, faults: s.faults}, nil
+}
+
+func (s *faultyTxStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	if s.faults.renew != nil {
+		return s.faults.renew
+	}
+	return s.Store.KeyRenew(ctx, p)
 }
 
 type faultyTx struct {
@@ -302,7 +309,9 @@ func TestTransactionalLeaseLostBeforeCommit(t *testing.T) {
 	t.Parallel()
 	var takeover *httptest.ResponseRecorder
 	var b *txBundle
-	b = txSetup(t, nil, nil, func(w http.ResponseWriter, r *http.Request, call int64) {
+	// The heartbeat cannot reach the store: moving the clock lets the
+	// lease lapse instead of renewing it.
+	b = txSetup(t, nil, &txFaults{renew: errOutage}, func(w http.ResponseWriter, r *http.Request, call int64) {
 		if err := put(r, fmt.Sprint("payment-", call), "1000"); err != nil {
 			t.Error(err)
 		}

@@ -9,10 +9,10 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// wait blocks until the record may have changed, the deadline passes or the
+// wait blocks until the record may have changed, waitOver is closed or the
 // client leaves. It is woken by a completion in this process, by the store's
 // notifications when it has them, and otherwise re-reads with backoff.
-func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, deadline <-chan time.Time) bool {
+func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, waitOver <-chan struct{}) bool {
 	ch := c.hub.subscribe(a.id)
 	defer c.hub.unsubscribe(a.id, ch)
 	ctx, cancel := context.WithCancel(ctx)
@@ -25,20 +25,31 @@ func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, dead
 			}
 		}()
 	}
-	// Fallback for completions in other processes without notifications:
-	// re-read at a pace tied to the attempt's progress.
+	// Fallback for completions in other processes without notifications,
+	// and for a completion in this one that published before ch was
+	// subscribed: re-read at a pace tied to the attempt's progress. The
+	// wall clock, not Config.Clock: a re-read decides nothing (the bound is
+	// waitOver), and on a test clock that nobody moves a missed wake-up
+	// would wait for ever.
 	poll := time.NewTimer(min(time.Duration(retryAfter(c.cfg.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
 	defer poll.Stop()
 	select {
 	case <-ch.c:
 	case <-woke:
 	case <-poll.C:
-	case <-deadline:
+	case <-waitOver:
 		return false
 	case <-ctx.Done():
 		return false
 	}
 	return true
+}
+
+// after returns a channel that is closed once d has passed on the core's
+// clock, and the function that stops it.
+func (c *core) after(d time.Duration) (<-chan struct{}, func() bool) {
+	ch := make(chan struct{})
+	return ch, c.clock.AfterFunc(d, func() { close(ch) })
 }
 
 // hub wakes requests waiting on a record in this process when an attempt

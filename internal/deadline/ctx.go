@@ -1,4 +1,4 @@
-package idem
+package deadline
 
 import (
 	"context"
@@ -7,29 +7,31 @@ import (
 	"time"
 )
 
-// opCtx is the context of one request's store calls (reserve, then the
+// Ctx is the context of one request's store calls (reserve, then the
 // completion). It carries the request's values but not its cancellation, so
 // a client that hangs up does not stop the outcome from being recorded, and
 // it expires StoreTimeout after each arm (counted from the store's first
-// look at it, which comes at once: arming reads no clock).
+// look at it, which comes at once: arming reads no clock). Its deadline is
+// on the clock of the alarm list it is armed on.
 //
 // It costs the hot path nothing it does not use: embedded in the attempt, it
 // is one allocation with the request, and its channel is made only when a
 // store asks for Done (a network store does; the memory store only asks
 // Err, which compares the clock with the deadline). Its expiry is an alarm
-// of the process-wide list (see procAlarms), not a runtime timer per call.
+// of a shared list (see Alarms), not a runtime timer per call.
 // It implements AfterFunc, so contexts a store derives from it
 // are cancelled without a watcher goroutine each (see context.AfterFunc).
-type opCtx struct {
-	context.Context // values only: Deadline, Done and Err are opCtx's own
+type Ctx struct {
+	context.Context // values only: Deadline, Done and Err are Ctx's own
 
 	mu       sync.Mutex
+	alarms   *Alarms // the list of this arm
 	timeout  time.Duration
 	deadline time.Time // zero until start
 	armed    bool      // between arm and disarm
 	gen      uint64    // counts arms, so a late expiry cannot hit a later call
 	watched  bool      // its alarm is set for this arm
-	alarm    alarm
+	alarm    Alarm
 	done     chan struct{}
 	err      error
 	funcs    []*afterFunc  // usually one: a network store's watcher
@@ -38,18 +40,19 @@ type opCtx struct {
 
 type afterFunc struct {
 	f func()
-	c *opCtx
+	c *Ctx
 }
 
-// arm starts a call: the context expires d from now. A context that expired
-// during an earlier call starts afresh.
-func (c *opCtx) arm(values context.Context, d time.Duration) context.Context {
+// Arm starts a call: the context expires d from now on the clock of
+// alarms. A context that expired during an earlier call starts afresh.
+func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.Context = values
 	if c.watched { // armed again without disarm
-		procAlarms.cancel(&c.alarm)
+		c.alarms.Cancel(&c.alarm)
 	}
+	c.alarms = alarms
 	if c.err != nil {
 		c.done, c.err, c.funcs = nil, nil, nil
 	}
@@ -62,35 +65,35 @@ func (c *opCtx) arm(values context.Context, d time.Duration) context.Context {
 // start sets the deadline of this arm on its first use: a store call
 // starts at once after arm, and a call that never looks costs no clock
 // read. It returns the deadline. c.mu is held.
-func (c *opCtx) start() time.Time {
+func (c *Ctx) start() time.Time {
 	if c.deadline.IsZero() {
-		c.deadline = time.Now().Add(c.timeout)
+		c.deadline = c.alarms.clock.Now().Add(c.timeout)
 	}
 	return c.deadline
 }
 
-// disarm ends a call: the context does not expire until the next arm.
-func (c *opCtx) disarm() {
+// Disarm ends a call: the context does not expire until the next arm.
+func (c *Ctx) Disarm() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.armed = false
 	if c.watched {
-		procAlarms.cancel(&c.alarm)
+		c.alarms.Cancel(&c.alarm)
 		c.watched = false
 	}
 }
 
 // tick sets the alarm of this arm. c.mu is held.
-func (c *opCtx) tick() {
+func (c *Ctx) tick() {
 	if !c.armed || c.watched || c.err != nil {
 		return
 	}
 	c.watched = true
-	procAlarms.set(&c.alarm, c, c.start(), c.gen)
+	c.alarms.Set(&c.alarm, c, c.start(), c.gen)
 }
 
-// alarmed expires the context if it is still on arm gen.
-func (c *opCtx) alarmed(gen uint64) {
+// Alarmed expires the context if it is still on arm gen.
+func (c *Ctx) Alarmed(gen uint64) {
 	c.mu.Lock()
 	if !c.armed || c.gen != gen || c.err != nil {
 		c.mu.Unlock()
@@ -106,7 +109,7 @@ func (c *opCtx) alarmed(gen uint64) {
 
 // expireLocked records the expiry and returns the AfterFunc callbacks to
 // run. c.mu is held.
-func (c *opCtx) expireLocked() []*afterFunc {
+func (c *Ctx) expireLocked() []*afterFunc {
 	c.err = context.DeadlineExceeded
 	if c.done != nil {
 		close(c.done)
@@ -117,14 +120,14 @@ func (c *opCtx) expireLocked() []*afterFunc {
 }
 
 // Deadline implements context.Context.
-func (c *opCtx) Deadline() (time.Time, bool) {
+func (c *Ctx) Deadline() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.start(), true
 }
 
 // Done implements context.Context.
-func (c *opCtx) Done() <-chan struct{} {
+func (c *Ctx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.done == nil {
@@ -138,11 +141,11 @@ func (c *opCtx) Done() <-chan struct{} {
 }
 
 // Err implements context.Context.
-func (c *opCtx) Err() error {
+func (c *Ctx) Err() error {
 	c.mu.Lock()
 	if c.err == nil && c.armed && c.deadline.IsZero() {
 		c.start() // the first look: the deadline is ahead
-	} else if c.err == nil && c.armed && !time.Now().Before(c.deadline) {
+	} else if c.err == nil && c.armed && !c.alarms.clock.Now().Before(c.deadline) {
 		funcs := c.expireLocked()
 		c.mu.Unlock()
 		for _, af := range funcs {
@@ -157,7 +160,7 @@ func (c *opCtx) Err() error {
 // AfterFunc arranges for f to run in its own goroutine once the context
 // expires, as context.AfterFunc does; the context package uses it to cancel
 // derived contexts without a goroutine each.
-func (c *opCtx) AfterFunc(f func()) (stop func() bool) {
+func (c *Ctx) AfterFunc(f func()) (stop func() bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -184,4 +187,13 @@ func (af *afterFunc) stop() bool {
 	}
 	c.funcs = slices.Delete(c.funcs, i, i+1)
 	return true
+}
+
+// WithTimeout returns a context with the values of parent but not its
+// cancellation, which expires d from now on the clock of alarms, and the
+// function that releases it. It is Ctx for a call that is not on the hot
+// path: one allocation, no runtime timer.
+func WithTimeout(alarms *Alarms, parent context.Context, d time.Duration) (context.Context, func()) {
+	c := new(Ctx)
+	return c.Arm(alarms, parent, d), c.Disarm
 }
