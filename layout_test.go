@@ -36,7 +36,7 @@ var layers = map[string][]string{
 	"idemotel":   {"idem", "idemstore", "internal/"},
 	"idemnats":   {"idem", "idemstore", "internal/"},
 	"idemclient": {},
-	"idemgrpc":   {"idem", "idemstore", "internal/"},
+	"idemgrpc":   {"idem", "idemstore", "idemclient", "internal/"},
 	"outbox":     {"idemstore", "internal/"},
 }
 
