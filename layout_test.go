@@ -38,6 +38,10 @@ var layers = map[string][]string{
 	"idemclient": {},
 	"idemgrpc":   {"idem", "idemstore", "idemclient", "internal/"},
 	"outbox":     {"idemstore", "internal/"},
+
+	// teststore opens a store of each kind for tests (the stores' own
+	// tests use testenv, which imports no store).
+	"internal/testenv/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
 }
 
 const module = "github.com/idem-dev/idem"
@@ -50,6 +54,8 @@ func layer(dir string) string {
 		return "idem"
 	case strings.HasPrefix(dir, "cmd/"):
 		return ""
+	case dir == "internal/testenv/teststore":
+		return dir
 	case strings.HasPrefix(dir, "internal/"):
 		return "internal/"
 	}
