@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // connect returns a connection to the test NATS server and its JetStream,
@@ -222,16 +222,8 @@ type testDB struct {
 // newDB makes a store of kind with an empty ledger table.
 func newDB(t testing.TB, kind string, now func() time.Time) *testDB {
 	t.Helper()
-	var spec string
-	switch kind {
-	case "sqlite":
-		spec = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	case "postgres":
-		spec = "postgres:" + newSchema(t)
-	default:
-		t.Fatalf("unknown store kind %q", kind)
-	}
-	db := openDB(t, spec, now)
+	store, spec := teststore.OpenDurable(t, kind, now)
+	db := withLedger(t, store, spec)
 	var err error
 	switch kind {
 	case "sqlite":
@@ -249,25 +241,19 @@ func newDB(t testing.TB, kind string, now func() time.Time) *testDB {
 // test ends.
 func openDB(t testing.TB, spec string, now func() time.Time) *testDB {
 	t.Helper()
+	return withLedger(t, teststore.Reopen(t, spec, now), spec)
+}
+
+// withLedger returns store with the connection its ledger is read with.
+func withLedger(t testing.TB, store idemstore.TxStore, spec string) *testDB {
+	t.Helper()
 	kind, where, _ := strings.Cut(spec, ":")
-	db := &testDB{kind: kind, spec: spec}
+	db := &testDB{kind: kind, spec: spec, store: store}
 	switch kind {
 	case "sqlite":
-		s, err := idemsqlite.Open(where, &idemsqlite.Config{Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		db.store, db.sqlite = s, s.DB()
+		db.sqlite = store.(*idemsqlite.Store).DB()
 	case "postgres":
-		db.pg, db.schema = testPool(t), where
-		s := idempgx.New(db.pg, &idempgx.Config{Schema: where, Now: now})
-		if _, err := s.Migrate(context.Background()); err != nil {
-			t.Fatalf("Migrate: %v", err)
-		}
-		db.store = s
-	default:
-		t.Fatalf("unknown store %q", spec)
+		db.pg, db.schema = teststore.Pool(t), where
 	}
 	return db
 }
@@ -320,41 +306,6 @@ func (db *testDB) rows(t testing.TB) int {
 		t.Fatalf("counting ledger rows: %v", err)
 	}
 	return n
-}
-
-// newSchema returns a fresh PostgreSQL schema name, dropped when the test
-// ends.
-func newSchema(t testing.TB) string {
-	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "idemnats_test_" + hex.EncodeToString(b[:])
-	pool := testPool(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	return schema
-}
-
-// testPool opens a pool on the test PostgreSQL, closed when the test ends.
-func testPool(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	url := testenv.PostgresURL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // getRecord reads the record of key at endpoint.
