@@ -79,6 +79,46 @@ func newStream(t testing.TB, js jetstream.JetStream, mod func(*jetstream.StreamC
 	return name
 }
 
+// bundle is what setup returns.
+type bundle struct {
+	js     jetstream.JetStream
+	stream string             // a stream of its own (see newStream)
+	cons   jetstream.Consumer // its durable consumer "worker", AckWait 30s
+	clock  *idemtest.Clock
+	db     *testDB // a store of the kind asked for, on clock
+}
+
+// setup connects to JetStream and makes a stream (mod, when not nil,
+// adjusts its configuration) with its durable consumer, a test clock and a
+// store of kind with an empty ledger.
+func setup(t testing.TB, kind string, mod func(*jetstream.StreamConfig)) *bundle {
+	t.Helper()
+	_, js := connect(t)
+	stream := newStream(t, js, mod)
+	b := &bundle{js: js, stream: stream, cons: durable(t, js, stream, 30*time.Second), clock: newClock()}
+	b.db = newDB(t, kind, b.clock.Now)
+	return b
+}
+
+// publish publishes data on the subject STREAM.subject (see publish).
+func (b *bundle) publish(t testing.TB, subject, data string, header ...string) *jetstream.PubAck {
+	t.Helper()
+	return publish(t, b.js, b.stream+"."+subject, data, header...)
+}
+
+// process processes the consumer's next message with c and checks the
+// outcome (see process).
+func (b *bundle) process(t testing.TB, c *idemnats.Consumer, want idemnats.Outcome) jetstream.Msg {
+	t.Helper()
+	return process(t, c, b.cons, want)
+}
+
+// record reads the record of key at the test consumer's endpoint.
+func (b *bundle) record(t testing.TB, key string) *idemstore.Record {
+	t.Helper()
+	return getRecord(t, b.db.store, endpoint(b.stream), key)
+}
+
 // worker is the durable consumer's name in every test.
 const worker = "worker"
 
@@ -332,6 +372,15 @@ func (c *counter) add(id string) int {
 	}
 	c.n[id]++
 	return c.n[id]
+}
+
+// handler returns a handler that counts its runs under the id that id
+// reads from the message.
+func (c *counter) handler(id func(jetstream.Msg) string) idemnats.Handler {
+	return func(_ context.Context, m jetstream.Msg) error {
+		c.add(id(m))
+		return nil
+	}
 }
 
 func (c *counter) get(id string) int {
