@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // guardBundle is what setupGuard returns: a Guard on a memory store that can
@@ -334,7 +335,7 @@ func TestGuardTooManyKeys(t *testing.T) {
 func TestGuardTransactional(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
-	store := openSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
+	store := teststore.OpenSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
 	if _, err := store.DB().Exec("CREATE TABLE credits (amount INTEGER NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
