@@ -1,25 +1,23 @@
 package idem_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
+	"github.com/idem-dev/idem/internal/testenv"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // charge is the payload of the functions under test.
@@ -58,9 +56,9 @@ func newTestClock() *idemtest.Clock {
 func TestDoRace(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		store := rs.open(t, clock.Now)
+		store := teststore.Open(t, kind, clock.Now)
 		ctx := context.Background()
 		payload := charge{Account: "acct-1", Amount: 500}
 
@@ -77,7 +75,7 @@ func TestDoRace(t *testing.T) {
 			return receipt{ID: "ch_1", Amount: 500}, nil
 		}
 		results := make([]error, n)
-		race(n, func(i int) {
+		testenv.Race(n, func(i int) {
 			r, err := idem.Do(ctx, g, "race-key", "charge", payload, fn)
 			results[i] = err
 			if err == nil && r != (receipt{ID: "ch_1", Amount: 500}) {
@@ -100,7 +98,7 @@ func TestDoRace(t *testing.T) {
 			t.Errorf("%d callers were refused, want %d", refused.Load(), n-1)
 		}
 
-		race(n, func(i int) {
+		testenv.Race(n, func(i int) {
 			r, err := idem.Do(ctx, g, "race-key", "charge", payload, fn)
 			if err != nil || r.ID != "ch_1" {
 				t.Errorf("replay %d: %+v, %v", i, r, err)
@@ -112,7 +110,7 @@ func TestDoRace(t *testing.T) {
 
 		waiting := testGuard(store, clock, idem.Config{Wait: time.Minute, StoreTimeout: 30 * time.Second})
 		var waitRuns atomic.Int64
-		race(n, func(i int) {
+		testenv.Race(n, func(i int) {
 			r, err := idem.Do(ctx, waiting, "wait-key", "charge", payload, func(context.Context) (receipt, error) {
 				return receipt{ID: fmt.Sprint("ch_", waitRuns.Add(1)), Amount: 500}, nil
 			})
@@ -126,25 +124,6 @@ func TestDoRace(t *testing.T) {
 	})
 }
 
-// race runs f(i) for i in [0, n) on n goroutines released at once.
-func race(n int, f func(i int)) {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	ready.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-start
-			f(i)
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
-
 // TestDoLeaseExpiry: a function whose lease expires while it runs (its
 // heartbeat cannot reach the store, and the clock moves past the lease)
 // leaves the key unknown: a retry is refused with ErrOutcomeUnknown and the
@@ -152,9 +131,9 @@ func race(n int, f func(i int)) {
 // record, and retries then replay it.
 func TestDoLeaseExpiry(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		store := rs.open(t, clock.Now)
+		store := teststore.Open(t, kind, clock.Now)
 		g := testGuard(heartbeatDown{store}, clock, idem.Config{Lease: 30 * time.Second})
 		ctx := context.Background()
 		payload := charge{Account: "acct-1", Amount: 700}
@@ -223,9 +202,9 @@ func (heartbeatDown) KeyRenew(context.Context, *idemstore.RenewParams) error { r
 // store, and runs nothing; a member left out of the fingerprint may differ.
 func TestDoKeyReused(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		store := rs.open(t, clock.Now)
+		store := teststore.Open(t, kind, clock.Now)
 		g := testGuard(store, clock, idem.Config{})
 		ctx := context.Background()
 		var runs atomic.Int64
@@ -279,46 +258,10 @@ func TestDoCrash(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			clock := newTestClock()
-			var store idemstore.Store
-			var spec string
-			switch kind {
-			case "sqlite":
-				path := filepath.Join(t.TempDir(), "idem.db")
-				store, spec = openSQLite(t, path, clock.Now), "sqlite:"+path
-			case "postgres":
-				schema := newTestSchema(t)
-				store, spec = openPostgres(t, schema, clock.Now), "postgres:"+schema
-			}
+			store, spec := teststore.OpenDurable(t, kind, clock.Now)
 			effects := filepath.Join(t.TempDir(), "effects")
-
-			cmd := exec.Command(os.Args[0], "-test.run=^TestDoCrashChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), crashChildEnv+"="+spec, crashEffectsEnv+"="+effects)
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			killed := false
-			t.Cleanup(func() {
-				if !killed {
-					cmd.Process.Kill()
-					cmd.Wait()
-				}
-			})
-			sc := bufio.NewScanner(out)
-			for sc.Scan() && sc.Text() != crashRunning {
-			}
-			if sc.Err() != nil || sc.Text() != crashRunning {
-				t.Fatalf("the child never ran its function (%v)", sc.Err())
-			}
-			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			cmd.Wait()
-			killed = true
+			env := []string{crashChildEnv + "=" + spec, crashEffectsEnv + "=" + effects}
+			testenv.KillChild(t, "TestDoCrashChild", env, crashRunning)
 
 			g := testGuard(store, clock, idem.Config{Lease: 30 * time.Second})
 			ctx := context.Background()
@@ -356,15 +299,7 @@ func TestDoCrashChild(t *testing.T) {
 	if spec == "" {
 		t.Skip("run by TestDoCrash in a child process")
 	}
-	var store idemstore.Store
-	switch kind, where, _ := strings.Cut(spec, ":"); kind {
-	case "sqlite":
-		store = openSQLite(t, where, time.Now)
-	case "postgres":
-		store = openPostgres(t, where, time.Now)
-	default:
-		t.Fatalf("unknown store %q", spec)
-	}
+	store := teststore.Reopen(t, spec, time.Now)
 	g := idem.NewGuard(store, &idem.Config{Lease: 30 * time.Second, Logger: quietLogger()})
 	idem.Do(context.Background(), g, "crash-key", "charge", charge{Account: "acct-9", Amount: 900}, func(context.Context) (receipt, error) {
 		f, err := os.OpenFile(os.Getenv(crashEffectsEnv), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)

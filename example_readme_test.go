@@ -6,35 +6,27 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/signal"
 	"strings"
-	"sync/atomic"
-
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemclient"
-	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemnats"
 	"github.com/idem-dev/idem/idemsqlite"
 )
 
 // The examples in this file hold the README's Go snippets, verbatim between
-// the "README" comments; TestReadmeSnippets checks that every snippet of the
-// README is one of them, so each compiles and, where it has an Output, runs.
+// the "README" comments (the gRPC one is idemgrpc's Example);
+// TestReadmeSnippets checks that every snippet of the README is one of
+// them, so each compiles and, where it has an Output, runs.
 
 // tenantFromAuth and createPayment are the application's, in the README's
 // quick start.
@@ -164,55 +156,6 @@ func Example_readmePlainFunctions() {
 	// credit_1 <nil>
 	// credit_1 <nil>
 	// credit_1 <nil>
-}
-
-// The README's gRPC section: a server that charges at most once per key,
-// and a client that sends one logical call twice.
-func Example_readmeGRPC() {
-	store := idemmem.New(nil) // idemsqlite, idempgx or idemredis in production
-	// README
-	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, &idemgrpc.Config{
-		Methods: []string{"/shop.v1.Payments/Charge"}, // the mutations; nil covers every method
-	})))
-	var charges atomic.Int64
-	srv.RegisterService(&paymentsServiceDesc, chargeFunc(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
-		n := charges.Add(1)
-		return structpb.NewStruct(map[string]any{"id": fmt.Sprintf("ch_%d", n), "amount": req.Fields["amount"].GetNumberValue()})
-	}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
-
-	conn, err := grpc.NewClient(ln.Addr().String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil))) // adds a key, retries with it
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-
-	// The caller may choose the key of a logical call (to resume it after a
-	// restart); without one, the client interceptor makes a UUID.
-	ctx := metadata.AppendToOutgoingContext(context.Background(), idemgrpc.MetadataKey, "order-1042")
-	req, _ := structpb.NewStruct(map[string]any{"amount": 500})
-	for range 2 {
-		var header metadata.MD
-		resp := new(structpb.Struct)
-		if err := conn.Invoke(ctx, "/shop.v1.Payments/Charge", req, resp, grpc.Header(&header)); err != nil {
-			log.Fatal(err)
-		}
-		fmt.Println(resp.Fields["id"].GetStringValue(), "replayed:", idemgrpc.Replayed(header))
-	}
-	fmt.Println("charges:", charges.Load())
-	// README
-
-	// Output:
-	// ch_1 replayed: false
-	// ch_1 replayed: true
-	// charges: 1
 }
 
 // chargeOrder is the application's, in the README's message consumer.

@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // guardBundle is what setupGuard returns: a Guard on a memory store that can
@@ -51,6 +52,26 @@ func (b *guardBundle) run(call idem.Call, f func(ctx context.Context) (idem.Resu
 		b.runs.Add(1)
 		return f(ctx)
 	})
+}
+
+// hold starts call in the background with a function that runs until
+// release is called, and returns once the function runs; release lets it
+// finish and waits for the call to return.
+func (b *guardBundle) hold(call idem.Call) (release func()) {
+	started, finish, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		b.run(call, func(ctx context.Context) (idem.Result, error) {
+			close(started)
+			<-finish
+			return okResult(ctx)
+		})
+	}()
+	<-started
+	return func() {
+		close(finish)
+		<-done
+	}
 }
 
 func okResult(context.Context) (idem.Result, error) {
@@ -283,47 +304,26 @@ func TestGuardContext(t *testing.T) {
 func TestGuardWaitGivesUp(t *testing.T) {
 	t.Parallel()
 	b := setupGuard(t, idem.Config{Wait: time.Minute})
-	started, finish := make(chan struct{}), make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b.run(callOne, func(ctx context.Context) (idem.Result, error) {
-			close(started)
-			<-finish
-			return okResult(ctx)
-		})
-	}()
-	<-started
+	release := b.hold(callOne)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, _, err := b.guard.Run(ctx, callOne, okResult)
 	if !errors.Is(err, idem.ErrInProgress) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v, want ErrInProgress caused by context.Canceled", err)
 	}
-	close(finish)
-	<-done
+	release()
 }
 
 func TestGuardTooManyKeys(t *testing.T) {
 	t.Parallel()
 	b := setupGuard(t, idem.Config{MaxInProgressPerScope: 1})
-	started, finish, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		b.run(callOne, func(ctx context.Context) (idem.Result, error) {
-			close(started)
-			<-finish
-			return okResult(ctx)
-		})
-	}()
-	<-started
+	release := b.hold(callOne)
 	other := callOne
 	other.Key = "key-two"
 	if _, _, err := b.run(other, okResult); !errors.Is(err, idem.ErrTooManyKeys) {
 		t.Fatalf("second key in the scope: %v, want ErrTooManyKeys", err)
 	}
-	close(finish)
-	<-done
+	release()
 	if _, _, err := b.run(other, okResult); err != nil {
 		t.Fatalf("after the first finished: %v", err)
 	}
@@ -334,7 +334,7 @@ func TestGuardTooManyKeys(t *testing.T) {
 func TestGuardTransactional(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
-	store := openSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
+	store := teststore.OpenSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
 	if _, err := store.DB().Exec("CREATE TABLE credits (amount INTEGER NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,12 @@ var layers = map[string][]string{
 	"idemotel":   {"idem", "idemstore", "internal/"},
 	"idemnats":   {"idem", "idemstore", "internal/"},
 	"idemclient": {},
-	"idemgrpc":   {"idem", "idemstore", "internal/"},
+	"idemgrpc":   {"idem", "idemstore", "idemclient", "internal/"},
 	"outbox":     {"idemstore", "internal/"},
+
+	// teststore opens a store of each kind for tests (the stores' own
+	// tests use testenv, which imports no store).
+	"internal/testenv/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
 }
 
 const module = "github.com/idem-dev/idem"
@@ -50,6 +54,8 @@ func layer(dir string) string {
 		return "idem"
 	case strings.HasPrefix(dir, "cmd/"):
 		return ""
+	case dir == "internal/testenv/teststore":
+		return dir
 	case strings.HasPrefix(dir, "internal/"):
 		return "internal/"
 	}

@@ -7,8 +7,13 @@ import (
 	"testing"
 )
 
+// readmeExamples are the files whose examples hold the README's Go
+// snippets: example_readme_test.go, and a package's own example where the
+// README shows it (its godoc example and the README are then one text).
+var readmeExamples = []string{"example_readme_test.go", "idemgrpc/example_test.go"}
+
 // TestReadmeSnippets checks that every Go snippet of the README is, line
-// for line, the body of an example in example_readme_test.go between its
+// for line, the body of an example in one of readmeExamples between its
 // "// README" markers: the README's code compiles, and runs where the
 // example has an Output.
 func TestReadmeSnippets(t *testing.T) {
@@ -17,13 +22,15 @@ func TestReadmeSnippets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	examples, err := os.ReadFile("example_readme_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var bodies []string
-	for _, m := range regexp.MustCompile(`(?s)\t// README\n(.*?)\t// README\n`).FindAllStringSubmatch(string(examples), -1) {
-		bodies = append(bodies, dedent(m[1]))
+	for _, name := range readmeExamples {
+		examples, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`(?s)\t// README\n(.*?)\t// README\n`).FindAllStringSubmatch(string(examples), -1) {
+			bodies = append(bodies, dedent(m[1]))
+		}
 	}
 	snippets := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
 	if len(snippets) == 0 {
@@ -37,7 +44,7 @@ func TestReadmeSnippets(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("this README snippet is not an example in example_readme_test.go (copy it there between // README markers):\n%s", s[1])
+			t.Errorf("this README snippet is not an example in %v (copy it to example_readme_test.go between // README markers):\n%s", readmeExamples, s[1])
 		}
 	}
 	if len(snippets) != len(bodies) {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/testenv"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // providerEvent is a payment provider's webhook event. The provider sends
@@ -93,7 +95,7 @@ func deliver(t *testing.T, url string, ev providerEvent) (int, string) {
 func TestDoWebhookReceiver(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
-	store := openSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
+	store := teststore.OpenSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
 	wr := &webhookReceiver{guard: testGuard(store, clock, idem.Config{Wait: 10 * time.Second}), credits: map[string]int{}}
 	srv := httptest.NewServer(wr)
 	defer srv.Close()
@@ -105,7 +107,7 @@ func TestDoWebhookReceiver(t *testing.T) {
 	}
 	entries := make([]map[string]int, len(events))
 	var mu sync.Mutex
-	race(len(events)*20, func(i int) {
+	testenv.Race(len(events)*20, func(i int) {
 		ev := events[i%len(events)]
 		ev.DeliveryAttempt = 1 + i/len(events)
 		code, entry := deliver(t, srv.URL, ev)

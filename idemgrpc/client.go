@@ -4,13 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
-	"math"
-	"math/rand/v2"
 	"time"
 
-	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/idem-dev/idem/idemclient"
 )
 
 // Defaults of ClientConfig.
@@ -96,24 +94,12 @@ type ClientConfig struct {
 }
 
 // NewKeyV4 returns a random (version 4) UUID. It is the default key
-// generator.
-func NewKeyV4() (string, error) {
-	u, err := uuid.NewRandom()
-	if err != nil {
-		return "", fmt.Errorf("generating idempotency key: %w", err)
-	}
-	return u.String(), nil
-}
+// generator, the same as idemclient's.
+func NewKeyV4() (string, error) { return idemclient.NewKeyV4() }
 
 // NewKeyV7 returns a time-ordered (version 7) UUID, which keeps the
 // server's key index local at the cost of revealing when the key was made.
-func NewKeyV7() (string, error) {
-	u, err := uuid.NewV7()
-	if err != nil {
-		return "", fmt.Errorf("generating idempotency key: %w", err)
-	}
-	return u.String(), nil
-}
+func NewKeyV7() (string, error) { return idemclient.NewKeyV7() }
 
 // Replayed reports whether header or trailer metadata (from grpc.Header or
 // grpc.Trailer) marks an answer replayed from the server's store.
@@ -179,25 +165,29 @@ func DefaultRetryPolicy(ctx context.Context, err error) (bool, error) {
 }
 
 // DefaultBackoff waits as long as the error's RetryInfo says when it has
-// one, and otherwise a duration drawn uniformly from
-// [0, min(max, min·2^attempt)] (exponential backoff with full jitter).
+// one, and otherwise as idemclient.DefaultBackoff does without Retry-After:
+// a duration drawn uniformly from [0, min(max, min·2^attempt)] (exponential
+// backoff with full jitter).
 func DefaultBackoff(min, max time.Duration, attempt int, err error) time.Duration {
 	if d, ok := RetryDelay(err); ok {
 		return d
 	}
-	return jitter(ceiling(min, max, attempt))
+	return idemclient.DefaultBackoff(min, max, attempt, nil)
 }
 
 // DefaultUnknownOutcomeBackoff is the backoff after OUTCOME_UNKNOWN, which
 // resolves only when the server reconciles the call: the RetryInfo delay
-// when there is one (but at least min), otherwise a duration drawn from the
-// upper half of [0, min(4·max, 4·min·2^attempt)].
+// when there is one (but at least min), otherwise as
+// idemclient.DefaultUnknownOutcomeBackoff does without Retry-After: a
+// duration drawn from the upper half of [0, min(4·max, 4·min·2^attempt)].
 func DefaultUnknownOutcomeBackoff(min, max time.Duration, attempt int, err error) time.Duration {
 	if d, ok := RetryDelay(err); ok {
-		return maxDuration(d, min)
+		if d < min {
+			return min
+		}
+		return d
 	}
-	c := ceiling(mul4(min), mul4(max), attempt)
-	return c/2 + jitter(c-c/2)
+	return idemclient.DefaultUnknownOutcomeBackoff(min, max, attempt, nil)
 }
 
 type client struct {
@@ -340,54 +330,4 @@ func (c *client) key(ctx context.Context, req any) (string, error) {
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:6])
-}
-
-// ceiling is min·2^attempt capped at max, without overflow.
-func ceiling(min, max time.Duration, attempt int) time.Duration {
-	if min < 0 {
-		min = 0
-	}
-	if max < min {
-		max = min
-	}
-	c := min
-	for i := 0; i < attempt && c < max; i++ {
-		if c > max/2 {
-			return max
-		}
-		c *= 2
-	}
-	return minDuration(c, max)
-}
-
-// jitter returns a duration drawn uniformly from [0, d].
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	if d == math.MaxInt64 {
-		return rand.N(d)
-	}
-	return rand.N(d + 1)
-}
-
-func mul4(d time.Duration) time.Duration {
-	if d > math.MaxInt64/4 {
-		return math.MaxInt64
-	}
-	return 4 * d
-}
-
-func minDuration(a, b time.Duration) time.Duration {
-	if a < b {
-		return a
-	}
-	return b
-}
-
-func maxDuration(a, b time.Duration) time.Duration {
-	if a > b {
-		return a
-	}
-	return b
 }

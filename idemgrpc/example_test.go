@@ -18,9 +18,10 @@ import (
 
 // chargeFunc implements shop.v1.Payments/Charge, a service written
 // without code generation: it takes and returns a google.protobuf.Struct.
+// paymentsServiceDesc stands in for generated code's Payments_ServiceDesc.
 type chargeFunc func(context.Context, *structpb.Struct) (*structpb.Struct, error)
 
-var paymentsService = grpc.ServiceDesc{
+var paymentsServiceDesc = grpc.ServiceDesc{
 	ServiceName: "shop.v1.Payments",
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{{
@@ -40,14 +41,17 @@ var paymentsService = grpc.ServiceDesc{
 }
 
 // A server that charges at most once per key, and a client that sends the
-// same call twice with one key: the second answer is the stored one.
+// same call twice with one key: the second answer is the stored one. The
+// README's gRPC section is this example's body, between the "README"
+// comments (TestReadmeSnippets in the module's root checks it).
 func Example() {
 	store := idemmem.New(nil) // idemsqlite, idempgx or idemredis in production
+	// README
 	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, &idemgrpc.Config{
-		Methods: []string{"/shop.v1.Payments/Charge"}, // the mutations
+		Methods: []string{"/shop.v1.Payments/Charge"}, // the mutations; nil covers every method
 	})))
 	var charges atomic.Int64
-	srv.RegisterService(&paymentsService, chargeFunc(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+	srv.RegisterService(&paymentsServiceDesc, chargeFunc(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
 		n := charges.Add(1)
 		return structpb.NewStruct(map[string]any{"id": fmt.Sprintf("ch_%d", n), "amount": req.Fields["amount"].GetNumberValue()})
 	}))
@@ -66,8 +70,8 @@ func Example() {
 	}
 	defer conn.Close()
 
-	// The caller may choose the key of a logical call (to resume it after
-	// a restart); without one, the client interceptor makes a UUID.
+	// The caller may choose the key of a logical call (to resume it after a
+	// restart); without one, the client interceptor makes a UUID.
 	ctx := metadata.AppendToOutgoingContext(context.Background(), idemgrpc.MetadataKey, "order-1042")
 	req, _ := structpb.NewStruct(map[string]any{"amount": 500})
 	for range 2 {
@@ -79,6 +83,8 @@ func Example() {
 		fmt.Println(resp.Fields["id"].GetStringValue(), "replayed:", idemgrpc.Replayed(header))
 	}
 	fmt.Println("charges:", charges.Load())
+	// README
+
 	// Output:
 	// ch_1 replayed: false
 	// ch_1 replayed: true

@@ -3,22 +3,16 @@ package idemgrpc_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -32,13 +26,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemgrpc"
-	"github.com/idem-dev/idem/idemmem"
-	"github.com/idem-dev/idem/idempgx"
-	"github.com/idem-dev/idem/idemredis"
-	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // The test service, idem.test.v1.Payments, is described at run time (no
@@ -295,107 +284,6 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 func newTestClock() *idemtest.Clock {
 	return idemtest.NewClock(time.Now().Truncate(time.Millisecond))
-}
-
-// realStore is a store of every kind the conformance suite covers, with a
-// place of its own (a file, a schema, a key prefix) removed when the test
-// ends.
-type realStore struct {
-	name string
-	open func(t *testing.T, now func() time.Time) idemstore.Store
-}
-
-var realStores = []realStore{
-	{"memory", func(t *testing.T, now func() time.Time) idemstore.Store {
-		return idemmem.New(&idemmem.Config{Now: now})
-	}},
-	{"sqlite", func(t *testing.T, now func() time.Time) idemstore.Store {
-		s, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"), &idemsqlite.Config{Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-	{"postgres", func(t *testing.T, now func() time.Time) idemstore.Store {
-		return openPostgres(t, now)
-	}},
-	{"redis", func(t *testing.T, now func() time.Time) idemstore.Store {
-		return openRedis(t, now)
-	}},
-}
-
-// forEachStore runs f as a parallel subtest on each real store.
-func forEachStore(t *testing.T, f func(t *testing.T, rs realStore)) {
-	for _, rs := range realStores {
-		t.Run(rs.name, func(t *testing.T) {
-			t.Parallel()
-			f(t, rs)
-		})
-	}
-}
-
-// openPostgres returns a store in a fresh schema, dropped when the test
-// ends.
-func openPostgres(t *testing.T, now func() time.Time) *idempgx.Store {
-	t.Helper()
-	pcfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := "idem_grpc_test_" + randomHex()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	s := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
-	if _, err := s.Migrate(context.Background()); err != nil {
-		t.Fatalf("Migrate: %v", err)
-	}
-	return s
-}
-
-// openRedis returns a store under a fresh key prefix whose keys are deleted
-// when the test ends (unknown records have no TTL).
-func openRedis(t *testing.T, now func() time.Time) *idemredis.Store {
-	t.Helper()
-	opts, err := redis.ParseURL(testenv.RedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewClient(opts)
-	prefix := "idemgrpctest:" + randomHex() + ":"
-	t.Cleanup(func() {
-		defer client.Close()
-		ctx := context.Background()
-		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		if len(keys) > 0 {
-			client.Unlink(ctx, keys...)
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("deleting the test's keys: %v", err)
-		}
-	})
-	return idemredis.New(client, &idemredis.Config{Prefix: prefix, Now: now})
-}
-
-func randomHex() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // downStore is a store whose reservations fail while down is set, as a

@@ -24,6 +24,7 @@ import (
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // TestLostResponses is issue 17's "done when" for gRPC: a client whose
@@ -33,9 +34,9 @@ import (
 // client gets the stored response, marked replayed.
 func TestLostResponses(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		b := setup(t, rs.open(t, clock.Now), clock, idemgrpc.Config{}, nil)
+		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{}, nil)
 		relay := newLossyRelay(t, b.addr, 2)
 		conn := dial(t, relay.addr(), &idemgrpc.ClientConfig{RetryWaitMin: time.Millisecond, RetryWaitMax: 20 * time.Millisecond})
 
@@ -101,9 +102,9 @@ func unmarshalPayment(t *testing.T, b []byte) *dynamicpb.Message {
 func TestRace(t *testing.T) {
 	t.Parallel()
 	const n = 200
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		b := setup(t, rs.open(t, clock.Now), clock, idemgrpc.Config{Guard: &idem.Config{StoreTimeout: 30 * time.Second}}, nil)
+		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{Guard: &idem.Config{StoreTimeout: 30 * time.Second}}, nil)
 		othersDone := make(chan struct{})
 		b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
 			select { // hold the lease until every other call was answered
@@ -192,9 +193,9 @@ func checkRefusal(t *testing.T, err error, code codes.Code, reason string, retry
 // (KEY_REUSED), and the handler does not run.
 func TestKeyReused(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		b := setup(t, rs.open(t, clock.Now), clock, idemgrpc.Config{}, nil)
+		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{}, nil)
 		ctx := context.Background()
 		if a := call(ctx, b.conn, methodCreate, "k1", newRequest("acct-1", 500, "")); a.err != nil || a.replayed() {
 			t.Fatalf("first call: %v, replayed %v", a.err, a.replayed())
@@ -215,11 +216,11 @@ func TestKeyReused(t *testing.T) {
 // with a RetryInfo delay; with Guard.Wait it waits and gets the answer.
 func TestInFlight(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		for _, wait := range []time.Duration{0, 30 * time.Second} {
 			t.Run(fmt.Sprintf("wait=%s", wait), func(t *testing.T) {
 				clock := newTestClock()
-				store := &watchStore{Store: rs.open(t, clock.Now), found: make(chan struct{})}
+				store := &watchStore{Store: teststore.Open(t, kind, clock.Now), found: make(chan struct{})}
 				b := setup(t, store, clock, idemgrpc.Config{Guard: &idem.Config{Wait: wait}}, nil)
 				started, release := make(chan struct{}), make(chan struct{})
 				b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
@@ -280,9 +281,9 @@ func (s *watchStore) KeyReserve(ctx context.Context, p *idemstore.ReserveParams)
 // the store is back, the retry runs it.
 func TestStoreDown(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		store := &downStore{Store: rs.open(t, clock.Now)}
+		store := &downStore{Store: teststore.Open(t, kind, clock.Now)}
 		b := setup(t, store, clock, idemgrpc.Config{}, nil)
 		ctx := context.Background()
 		store.down.Store(true)
@@ -305,9 +306,9 @@ func TestStoreDown(t *testing.T) {
 // message with idempotent-replayed: true in its header and trailer.
 func TestReplay(t *testing.T) {
 	t.Parallel()
-	forEachStore(t, func(t *testing.T, rs realStore) {
+	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		b := setup(t, rs.open(t, clock.Now), clock, idemgrpc.Config{}, nil)
+		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{}, nil)
 		ctx := context.Background()
 		first := call(ctx, b.conn, methodCreate, "k", newRequest("acct-1", 500, ""))
 		if first.err != nil {
@@ -637,11 +638,11 @@ func (emptyResolver) FindMessageByURL(string) (protoreflect.MessageType, error) 
 // the key rolls back, and a stored one commits with the completion.
 func TestTransactional(t *testing.T) {
 	t.Parallel()
-	for _, rs := range realStores[1:3] { // SQLite and PostgreSQL
-		t.Run(rs.name, func(t *testing.T) {
+	for _, kind := range []string{"sqlite", "postgres"} {
+		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			clock := newTestClock()
-			store := rs.open(t, clock.Now)
+			store := teststore.Open(t, kind, clock.Now)
 			b := setup(t, store, clock, idemgrpc.Config{Guard: &idem.Config{Transactional: true}}, nil)
 			var fail atomic.Bool
 			b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {

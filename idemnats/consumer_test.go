@@ -21,30 +21,27 @@ import (
 // msgID reads a message's Nats-Msg-Id.
 func msgID(m jetstream.Msg) string { return m.Headers().Get(jetstream.MsgIDHeader) }
 
+// eventID reads a message's Event-Id header, the business id some tests
+// give Config.MessageID.
+func eventID(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
+
 // TestDuplicateBeyondWindow: a producer publishes a message again after the
 // stream's duplicate window, so JetStream stores and delivers it twice; the
 // handler runs once and the second copy is acked as replayed. Another id
 // runs on its own.
 func TestDuplicateBeyondWindow(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
 	var runs counter
-	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
-		runs.add(msgID(m))
-		return nil
-	}, config(clock, nil))
+	c := idemnats.New(b.db.store, runs.handler(msgID), config(b.clock, nil))
 
-	first := publish(t, js, stream+".orders", `{"order":1,"cents":500}`, jetstream.MsgIDHeader, "order-1")
-	publish(t, js, stream+".orders", `{"order":2,"cents":700}`, jetstream.MsgIDHeader, "order-2")
+	first := b.publish(t, "orders", `{"order":1,"cents":500}`, jetstream.MsgIDHeader, "order-1")
+	b.publish(t, "orders", `{"order":2,"cents":700}`, jetstream.MsgIDHeader, "order-2")
 	// Within the window JetStream drops the copy itself; wait for the
 	// window to pass (the server's time, not a lease) until it stores it.
 	var again *jetstream.PubAck
 	for i := 0; ; i++ {
-		again = publish(t, js, stream+".orders", `{"order":1,"cents":500}`, jetstream.MsgIDHeader, "order-1")
+		again = b.publish(t, "orders", `{"order":1,"cents":500}`, jetstream.MsgIDHeader, "order-1")
 		if !again.Duplicate {
 			break
 		}
@@ -57,18 +54,18 @@ func TestDuplicateBeyondWindow(t *testing.T) {
 		t.Fatalf("the copy has the first message's sequence %d", first.Sequence)
 	}
 
-	process(t, c, cons, idemnats.OutcomeCompleted)
-	process(t, c, cons, idemnats.OutcomeCompleted)
-	m := process(t, c, cons, idemnats.OutcomeReplayed)
+	b.process(t, c, idemnats.OutcomeCompleted)
+	b.process(t, c, idemnats.OutcomeCompleted)
+	m := b.process(t, c, idemnats.OutcomeReplayed)
 	if md, _ := m.Metadata(); md.Sequence.Stream != again.Sequence || md.NumDelivered != 1 {
 		t.Fatalf("replayed stream message %d (delivery %d), want the copy %d", md.Sequence.Stream, md.NumDelivered, again.Sequence)
 	}
-	waitSettled(t, cons)
+	waitSettled(t, b.cons)
 	if runs.get("order-1") != 1 || runs.get("order-2") != 1 {
 		t.Fatalf("runs: %v; want each id once", runs.n)
 	}
 	for _, key := range []string{"order-1", "order-2"} {
-		if rec := getRecord(t, db.store, endpoint(stream), key); rec.State != idemstore.StateCompleted || rec.Attempts != 1 {
+		if rec := b.record(t, key); rec.State != idemstore.StateCompleted || rec.Attempts != 1 {
 			t.Fatalf("record %s: %s after %d attempts; want completed after 1", key, rec.State, rec.Attempts)
 		}
 	}
@@ -86,13 +83,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
-			_, js := connect(t)
-			stream := newStream(t, js, nil)
-			durable(t, js, stream, 30*time.Second)
-			clock := newClock()
-			db := newDB(t, kind, clock.Now)
+			b := setup(t, kind, nil)
 			for i := range n {
-				publish(t, js, stream+".events", `{"event":"evt-1","cents":500}`, "Event-Id", "evt-1", jetstream.MsgIDHeader, fmt.Sprint("publish-", i))
+				b.publish(t, "events", `{"event":"evt-1","cents":500}`, "Event-Id", "evt-1", jetstream.MsgIDHeader, fmt.Sprint("publish-", i))
 			}
 
 			type result struct {
@@ -116,15 +109,15 @@ func TestConcurrentDuplicates(t *testing.T) {
 			var delivered [consumers]atomic.Int64
 			for i := range consumers {
 				nc, js := connect(t)
-				store := db.store
+				store := b.db.store
 				if kind == "postgres" { // one store per consumer, as in separate processes
-					store = openDB(t, db.spec, clock.Now).store
+					store = openDB(t, b.db.spec, b.clock.Now).store
 				}
-				cfg := config(clock, nil)
+				cfg := config(b.clock, nil)
 				cfg.RetryDelay = 200 * time.Millisecond
-				cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
+				cfg.MessageID = eventID
 				c := idemnats.New(store, handler, cfg)
-				cons, err := js.Consumer(context.Background(), stream, worker)
+				cons, err := js.Consumer(context.Background(), b.stream, worker)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -179,7 +172,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 			if runs.Load() != 1 || completed != 1 {
 				t.Fatalf("the handler ran %d times, %d copies completed; want 1 and 1 (and %d replays)", runs.Load(), completed, n-1)
 			}
-			if rec := getRecord(t, db.store, endpoint(stream), "evt-1"); rec.State != idemstore.StateCompleted || rec.Attempts != 1 {
+			if rec := b.record(t, "evt-1"); rec.State != idemstore.StateCompleted || rec.Attempts != 1 {
 				t.Fatalf("record: %s after %d attempts; want completed after 1", rec.State, rec.Attempts)
 			}
 			busy := 0
@@ -200,33 +193,29 @@ func TestConcurrentDuplicates(t *testing.T) {
 // and the message nak'ed, so JetStream redelivers it and it runs again.
 func TestHandlerError(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs counter
-	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
+	c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 		if runs.add(msgID(m)) == 1 {
 			return errors.New("downstream refused the connection")
 		}
 		return nil
-	}, config(clock, nil))
-	publish(t, js, stream+".orders", `{"order":3}`, jetstream.MsgIDHeader, "order-3")
+	}, config(b.clock, nil))
+	b.publish(t, "orders", `{"order":3}`, jetstream.MsgIDHeader, "order-3")
 
-	process(t, c, cons, idemnats.OutcomeFailed)
-	if rec := getRecord(t, db.store, endpoint(stream), "order-3"); rec.State != idemstore.StateReleased {
+	b.process(t, c, idemnats.OutcomeFailed)
+	if rec := b.record(t, "order-3"); rec.State != idemstore.StateReleased {
 		t.Fatalf("record after the failure: %s, want released", rec.State)
 	}
-	m := process(t, c, cons, idemnats.OutcomeCompleted)
+	m := b.process(t, c, idemnats.OutcomeCompleted)
 	if md, _ := m.Metadata(); md.NumDelivered != 2 {
 		t.Fatalf("completed on delivery %d, want the redelivery (2)", md.NumDelivered)
 	}
-	waitSettled(t, cons)
+	waitSettled(t, b.cons)
 	if runs.get("order-3") != 2 {
 		t.Fatalf("the handler ran %d times, want 2", runs.get("order-3"))
 	}
-	if rec := getRecord(t, db.store, endpoint(stream), "order-3"); rec.State != idemstore.StateCompleted || rec.Attempts != 2 {
+	if rec := b.record(t, "order-3"); rec.State != idemstore.StateCompleted || rec.Attempts != 2 {
 		t.Fatalf("record: %s after %d attempts; want completed after 2", rec.State, rec.Attempts)
 	}
 }
@@ -242,39 +231,35 @@ func TestUnknown(t *testing.T) {
 	t.Parallel()
 	t.Run("nak", func(t *testing.T) {
 		t.Parallel()
-		_, js := connect(t)
-		stream := newStream(t, js, nil)
-		cons := durable(t, js, stream, 30*time.Second)
-		clock := newClock()
-		db := newDB(t, "sqlite", clock.Now)
+		b := setup(t, "sqlite", nil)
 		var runs counter
 		var log bytes.Buffer
 		var metrics decisions
-		cfg := config(clock, &log)
+		cfg := config(b.clock, &log)
 		cfg.Idem.Metrics = &metrics
-		c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
+		c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 			if runs.add(msgID(m)) == 1 {
 				idem.MarkUnknown(ctx)
 				return errors.New("the bank timed out after the charge was sent")
 			}
 			return nil
 		}, cfg)
-		publish(t, js, stream+".charges", `{"charge":7}`, jetstream.MsgIDHeader, "charge-7-secret")
+		b.publish(t, "charges", `{"charge":7}`, jetstream.MsgIDHeader, "charge-7-secret")
 
-		process(t, c, cons, idemnats.OutcomeFailed)
+		b.process(t, c, idemnats.OutcomeFailed)
 		for range 3 {
-			process(t, c, cons, idemnats.OutcomeUnknown)
+			b.process(t, c, idemnats.OutcomeUnknown)
 		}
 		if runs.get("charge-7-secret") != 1 {
 			t.Fatalf("the handler ran %d times; an unknown outcome must not run again", runs.get("charge-7-secret"))
 		}
-		if got := metrics.get(endpoint(stream), idem.DecisionUnknown); got != 3 {
+		if got := metrics.get(endpoint(b.stream), idem.DecisionUnknown); got != 3 {
 			t.Errorf("Metrics counted %d unknown decisions, want 3", got)
 		}
 		logs := log.String()
 		warned := 0
 		for _, line := range strings.Split(logs, "\n") {
-			if strings.Contains(line, "level=WARN") && strings.Contains(line, "outcome=unknown") && strings.Contains(line, endpoint(stream)) {
+			if strings.Contains(line, "level=WARN") && strings.Contains(line, "outcome=unknown") && strings.Contains(line, endpoint(b.stream)) {
 				warned++
 			}
 		}
@@ -286,48 +271,44 @@ func TestUnknown(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if info, err := cons.Info(ctx); err != nil || info.NumAckPending != 1 {
+		if info, err := b.cons.Info(ctx); err != nil || info.NumAckPending != 1 {
 			t.Fatalf("consumer: %+v, %v; want the message still awaiting its ack", info, err)
 		}
 
 		// Reconciliation finds the charge was never made: released.
-		rec := getRecord(t, db.store, endpoint(stream), "charge-7-secret")
+		rec := b.record(t, "charge-7-secret")
 		if rec.State != idemstore.StateUnknown {
 			t.Fatalf("record: %s, want unknown", rec.State)
 		}
-		if err := db.store.KeyResolve(ctx, &idemstore.ResolveParams{Identity: rec.Identity, Token: rec.Token, To: idemstore.StateReleased}); err != nil {
+		if err := b.db.store.KeyResolve(ctx, &idemstore.ResolveParams{Identity: rec.Identity, Token: rec.Token, To: idemstore.StateReleased}); err != nil {
 			t.Fatal(err)
 		}
-		process(t, c, cons, idemnats.OutcomeCompleted)
-		waitSettled(t, cons)
+		b.process(t, c, idemnats.OutcomeCompleted)
+		waitSettled(t, b.cons)
 		if runs.get("charge-7-secret") != 2 {
 			t.Fatalf("the handler ran %d times, want 2 (once more after the release)", runs.get("charge-7-secret"))
 		}
 	})
 	t.Run("term", func(t *testing.T) {
 		t.Parallel()
-		_, js := connect(t)
-		stream := newStream(t, js, nil)
-		cons := durable(t, js, stream, 30*time.Second)
-		clock := newClock()
-		db := newDB(t, "sqlite", clock.Now)
+		b := setup(t, "sqlite", nil)
 		var runs counter
-		cfg := config(clock, nil)
+		cfg := config(b.clock, nil)
 		cfg.Unknown = idemnats.Term
-		c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
+		c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 			runs.add(msgID(m))
 			idem.MarkUnknown(ctx)
 			return errors.New("the bank timed out after the charge was sent")
 		}, cfg)
-		publish(t, js, stream+".charges", `{"charge":8}`, jetstream.MsgIDHeader, "charge-8")
+		b.publish(t, "charges", `{"charge":8}`, jetstream.MsgIDHeader, "charge-8")
 
-		process(t, c, cons, idemnats.OutcomeFailed)
-		process(t, c, cons, idemnats.OutcomeUnknown)
-		waitSettled(t, cons) // terminated: nothing awaits an ack
+		b.process(t, c, idemnats.OutcomeFailed)
+		b.process(t, c, idemnats.OutcomeUnknown)
+		waitSettled(t, b.cons) // terminated: nothing awaits an ack
 		if runs.get("charge-8") != 1 {
 			t.Fatalf("the handler ran %d times, want 1", runs.get("charge-8"))
 		}
-		if rec := getRecord(t, db.store, endpoint(stream), "charge-8"); rec.State != idemstore.StateUnknown {
+		if rec := b.record(t, "charge-8"); rec.State != idemstore.StateUnknown {
 			t.Fatalf("record: %s, want unknown", rec.State)
 		}
 	})
@@ -353,35 +334,31 @@ func TestMissingID(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			_, js := connect(t)
-			stream := newStream(t, js, nil)
-			cons := durable(t, js, stream, 30*time.Second)
-			clock := newClock()
-			db := newDB(t, "sqlite", clock.Now)
+			b := setup(t, "sqlite", nil)
 			var runs atomic.Int64
 			var metrics decisions
-			cfg := config(clock, nil)
+			cfg := config(b.clock, nil)
 			cfg.MissingID = tc.action
 			cfg.Idem.Metrics = &metrics
-			c := idemnats.New(db.store, func(context.Context, jetstream.Msg) error {
+			c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 				runs.Add(1)
 				return nil
 			}, cfg)
-			publish(t, js, stream+".orders", `{"order":4}`)
+			b.publish(t, "orders", `{"order":4}`)
 
-			process(t, c, cons, tc.want)
+			b.process(t, c, tc.want)
 			if tc.action == 0 {
-				m := process(t, c, cons, idemnats.OutcomeMissingID)
+				m := b.process(t, c, idemnats.OutcomeMissingID)
 				if md, _ := m.Metadata(); md.NumDelivered != 2 {
 					t.Fatalf("held message came back as delivery %d, want 2", md.NumDelivered)
 				}
 			} else {
-				waitSettled(t, cons)
+				waitSettled(t, b.cons)
 			}
 			if runs.Load() != int64(tc.runs) {
 				t.Fatalf("the handler ran %d times, want %d", runs.Load(), tc.runs)
 			}
-			if metrics.get(endpoint(stream), idem.DecisionInvalid) == 0 {
+			if metrics.get(endpoint(b.stream), idem.DecisionInvalid) == 0 {
 				t.Error("Metrics did not count the message without id as invalid")
 			}
 		})
@@ -392,24 +369,20 @@ func TestMissingID(t *testing.T) {
 // terminated; the first message's result stands.
 func TestKeyReused(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs atomic.Int64
-	cfg := config(clock, nil)
-	cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
-	c := idemnats.New(db.store, func(context.Context, jetstream.Msg) error {
+	cfg := config(b.clock, nil)
+	cfg.MessageID = eventID
+	c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
 		return nil
 	}, cfg)
-	publish(t, js, stream+".events", `{"cents":500}`, "Event-Id", "evt-9")
-	publish(t, js, stream+".events", `{"cents":900}`, "Event-Id", "evt-9")
+	b.publish(t, "events", `{"cents":500}`, "Event-Id", "evt-9")
+	b.publish(t, "events", `{"cents":900}`, "Event-Id", "evt-9")
 
-	process(t, c, cons, idemnats.OutcomeCompleted)
-	process(t, c, cons, idemnats.OutcomeKeyReused)
-	waitSettled(t, cons)
+	b.process(t, c, idemnats.OutcomeCompleted)
+	b.process(t, c, idemnats.OutcomeKeyReused)
+	waitSettled(t, b.cons)
 	if runs.Load() != 1 {
 		t.Fatalf("the handler ran %d times, want 1", runs.Load())
 	}
@@ -419,21 +392,17 @@ func TestKeyReused(t *testing.T) {
 // closed) and the message is nak'ed with a delay, so it comes back.
 func TestStoreUnavailable(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs atomic.Int64
-	c := idemnats.New(db.store, func(context.Context, jetstream.Msg) error {
+	c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
 		return nil
-	}, config(clock, nil))
-	publish(t, js, stream+".orders", `{"order":5}`, jetstream.MsgIDHeader, "order-5")
-	db.sqlite.Close()
+	}, config(b.clock, nil))
+	b.publish(t, "orders", `{"order":5}`, jetstream.MsgIDHeader, "order-5")
+	b.db.sqlite.Close()
 
-	process(t, c, cons, idemnats.OutcomeStoreUnavailable)
-	m := process(t, c, cons, idemnats.OutcomeStoreUnavailable)
+	b.process(t, c, idemnats.OutcomeStoreUnavailable)
+	m := b.process(t, c, idemnats.OutcomeStoreUnavailable)
 	if md, _ := m.Metadata(); md.NumDelivered != 2 {
 		t.Fatalf("delivery %d, want the redelivery (2)", md.NumDelivered)
 	}
@@ -451,18 +420,14 @@ func TestTransactional(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
-			_, js := connect(t)
-			stream := newStream(t, js, func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
-			cons := durable(t, js, stream, 30*time.Second)
-			clock := newClock()
-			db := newDB(t, kind, clock.Now)
+			b := setup(t, kind, func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
 			var runs counter
-			cfg := config(clock, nil)
+			cfg := config(b.clock, nil)
 			cfg.Idem.Transactional = true
-			cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
-			c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
-				id := m.Headers().Get("Event-Id")
-				if err := db.record(ctx, id); err != nil {
+			cfg.MessageID = eventID
+			c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
+				id := eventID(m)
+				if err := b.db.record(ctx, id); err != nil {
 					return err
 				}
 				if runs.add(id) == 1 {
@@ -470,26 +435,26 @@ func TestTransactional(t *testing.T) {
 				}
 				return nil
 			}, cfg)
-			publish(t, js, stream+".payments", `{"cents":500}`, "Event-Id", "pay-1")
+			b.publish(t, "payments", `{"cents":500}`, "Event-Id", "pay-1")
 
-			process(t, c, cons, idemnats.OutcomeFailed)
-			if n := db.rows(t); n != 0 {
+			b.process(t, c, idemnats.OutcomeFailed)
+			if n := b.db.rows(t); n != 0 {
 				t.Fatalf("%d ledger rows after the failed attempt, want 0 (rolled back)", n)
 			}
-			if rec := getRecord(t, db.store, endpoint(stream), "pay-1"); rec.State != idemstore.StateReleased {
+			if rec := b.record(t, "pay-1"); rec.State != idemstore.StateReleased {
 				t.Fatalf("record after the failure: %s, want released", rec.State)
 			}
-			process(t, c, cons, idemnats.OutcomeCompleted)
-			if n := db.rows(t); n != 1 {
+			b.process(t, c, idemnats.OutcomeCompleted)
+			if n := b.db.rows(t); n != 1 {
 				t.Fatalf("%d ledger rows after the completion, want 1", n)
 			}
-			if rec := getRecord(t, db.store, endpoint(stream), "pay-1"); rec.State != idemstore.StateCompleted {
+			if rec := b.record(t, "pay-1"); rec.State != idemstore.StateCompleted {
 				t.Fatalf("record: %s, want completed", rec.State)
 			}
-			publish(t, js, stream+".payments", `{"cents":500}`, "Event-Id", "pay-1")
-			process(t, c, cons, idemnats.OutcomeReplayed)
-			waitSettled(t, cons)
-			if n, r := db.rows(t), runs.get("pay-1"); n != 1 || r != 2 {
+			b.publish(t, "payments", `{"cents":500}`, "Event-Id", "pay-1")
+			b.process(t, c, idemnats.OutcomeReplayed)
+			waitSettled(t, b.cons)
+			if n, r := b.db.rows(t), runs.get("pay-1"); n != 1 || r != 2 {
 				t.Fatalf("%d ledger rows, %d runs; want 1 and 2", n, r)
 			}
 		})
@@ -501,28 +466,21 @@ func TestTransactional(t *testing.T) {
 // acked.
 func TestHandle(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs counter
-	cfg := config(clock, nil)
-	cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
-	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
-		runs.add(m.Headers().Get("Event-Id"))
-		return nil
-	}, cfg)
-	publish(t, js, stream+".events", `{"cents":500}`, "Event-Id", "evt-a")
-	publish(t, js, stream+".events", `{"cents":500}`, "Event-Id", "evt-a")
-	publish(t, js, stream+".events", `{"cents":700}`, "Event-Id", "evt-b")
+	cfg := config(b.clock, nil)
+	cfg.MessageID = eventID
+	c := idemnats.New(b.db.store, runs.handler(eventID), cfg)
+	b.publish(t, "events", `{"cents":500}`, "Event-Id", "evt-a")
+	b.publish(t, "events", `{"cents":500}`, "Event-Id", "evt-a")
+	b.publish(t, "events", `{"cents":700}`, "Event-Id", "evt-b")
 
-	cc, err := cons.Consume(c.Handle)
+	cc, err := b.cons.Consume(c.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	waitSettled(t, cons)
+	waitSettled(t, b.cons)
 	if runs.get("evt-a") != 1 || runs.get("evt-b") != 1 {
 		t.Fatalf("runs: %v; want each event once", runs.n)
 	}
@@ -542,22 +500,18 @@ func (failingComplete) KeyComplete(context.Context, *idemstore.CompleteParams) e
 // again.
 func TestNotRecorded(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs atomic.Int64
-	c := idemnats.New(failingComplete{db.store}, func(context.Context, jetstream.Msg) error {
+	c := idemnats.New(failingComplete{b.db.store}, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
 		return nil
-	}, config(clock, nil))
-	publish(t, js, stream+".orders", `{"order":6}`, jetstream.MsgIDHeader, "order-6")
+	}, config(b.clock, nil))
+	b.publish(t, "orders", `{"order":6}`, jetstream.MsgIDHeader, "order-6")
 
-	process(t, c, cons, idemnats.OutcomeNotRecorded)
-	process(t, c, cons, idemnats.OutcomeInProgress)
-	clock.Advance(31 * time.Second)
-	process(t, c, cons, idemnats.OutcomeUnknown)
+	b.process(t, c, idemnats.OutcomeNotRecorded)
+	b.process(t, c, idemnats.OutcomeInProgress)
+	b.clock.Advance(31 * time.Second)
+	b.process(t, c, idemnats.OutcomeUnknown)
 	if runs.Load() != 1 {
 		t.Fatalf("the handler ran %d times, want 1", runs.Load())
 	}
@@ -567,33 +521,26 @@ func TestNotRecorded(t *testing.T) {
 // ASCII) are hashed into one, and still run once.
 func TestAnyID(t *testing.T) {
 	t.Parallel()
-	_, js := connect(t)
-	stream := newStream(t, js, nil)
-	cons := durable(t, js, stream, 30*time.Second)
-	clock := newClock()
-	db := newDB(t, "sqlite", clock.Now)
+	b := setup(t, "sqlite", nil)
 	var runs counter
-	cfg := config(clock, nil)
-	cfg.MessageID = func(m jetstream.Msg) string { return m.Headers().Get("Event-Id") }
-	c := idemnats.New(db.store, func(ctx context.Context, m jetstream.Msg) error {
-		runs.add(m.Headers().Get("Event-Id"))
-		return nil
-	}, cfg)
+	cfg := config(b.clock, nil)
+	cfg.MessageID = eventID
+	c := idemnats.New(b.db.store, runs.handler(eventID), cfg)
 	ids := []string{strings.Repeat("x", 300), "commande-reçue-7", "ok-id"}
 	for _, id := range ids {
-		publish(t, js, stream+".events", `{"cents":1}`, "Event-Id", id)
-		publish(t, js, stream+".events", `{"cents":1}`, "Event-Id", id)
+		b.publish(t, "events", `{"cents":1}`, "Event-Id", id)
+		b.publish(t, "events", `{"cents":1}`, "Event-Id", id)
 	}
 	for range ids {
-		process(t, c, cons, idemnats.OutcomeCompleted)
-		process(t, c, cons, idemnats.OutcomeReplayed)
+		b.process(t, c, idemnats.OutcomeCompleted)
+		b.process(t, c, idemnats.OutcomeReplayed)
 	}
 	for _, id := range ids {
 		if runs.get(id) != 1 {
 			t.Errorf("id of %d bytes ran %d times, want 1", len(id), runs.get(id))
 		}
 	}
-	recs, err := db.store.KeyList(context.Background(), &idemstore.ListParams{})
+	recs, err := b.db.store.KeyList(context.Background(), &idemstore.ListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,11 @@
 package idemnats_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemnats"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // crashChildEnv tells a re-executed test binary to be
@@ -57,34 +55,8 @@ func TestConsumerKilled(t *testing.T) {
 				runs := filepath.Join(t.TempDir(), "runs")
 				publish(t, js, stream+".payments", `{"account":"acct-9","cents":900}`, jetstream.MsgIDHeader, "pay-9")
 
-				cmd := exec.Command(os.Args[0], "-test.run=^TestConsumerKilledChild$", "-test.count=1")
-				cmd.Env = append(os.Environ(), crashChildEnv+"="+strings.Join([]string{db.spec, stream, mode, runs}, "|"))
-				cmd.Stderr = os.Stderr
-				out, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				killed := false
-				t.Cleanup(func() {
-					if !killed {
-						cmd.Process.Kill()
-						cmd.Wait()
-					}
-				})
-				sc := bufio.NewScanner(out)
-				for sc.Scan() && sc.Text() != crashStarted {
-				}
-				if sc.Err() != nil || sc.Text() != crashStarted {
-					t.Fatalf("the child never started the effect (%v)", sc.Err())
-				}
-				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
-				cmd.Wait()
-				killed = true
+				child := crashChildEnv + "=" + strings.Join([]string{db.spec, stream, mode, runs}, "|")
+				testenv.KillChild(t, "TestConsumerKilledChild", []string{child}, crashStarted)
 
 				// The surviving consumer, on the same store and a clock
 				// the test drives.

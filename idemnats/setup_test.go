@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
+	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // connect returns a connection to the test NATS server and its JetStream,
@@ -77,6 +77,46 @@ func newStream(t testing.TB, js jetstream.JetStream, mod func(*jetstream.StreamC
 		}
 	})
 	return name
+}
+
+// bundle is what setup returns.
+type bundle struct {
+	js     jetstream.JetStream
+	stream string             // a stream of its own (see newStream)
+	cons   jetstream.Consumer // its durable consumer "worker", AckWait 30s
+	clock  *idemtest.Clock
+	db     *testDB // a store of the kind asked for, on clock
+}
+
+// setup connects to JetStream and makes a stream (mod, when not nil,
+// adjusts its configuration) with its durable consumer, a test clock and a
+// store of kind with an empty ledger.
+func setup(t testing.TB, kind string, mod func(*jetstream.StreamConfig)) *bundle {
+	t.Helper()
+	_, js := connect(t)
+	stream := newStream(t, js, mod)
+	b := &bundle{js: js, stream: stream, cons: durable(t, js, stream, 30*time.Second), clock: newClock()}
+	b.db = newDB(t, kind, b.clock.Now)
+	return b
+}
+
+// publish publishes data on the subject STREAM.subject (see publish).
+func (b *bundle) publish(t testing.TB, subject, data string, header ...string) *jetstream.PubAck {
+	t.Helper()
+	return publish(t, b.js, b.stream+"."+subject, data, header...)
+}
+
+// process processes the consumer's next message with c and checks the
+// outcome (see process).
+func (b *bundle) process(t testing.TB, c *idemnats.Consumer, want idemnats.Outcome) jetstream.Msg {
+	t.Helper()
+	return process(t, c, b.cons, want)
+}
+
+// record reads the record of key at the test consumer's endpoint.
+func (b *bundle) record(t testing.TB, key string) *idemstore.Record {
+	t.Helper()
+	return getRecord(t, b.db.store, endpoint(b.stream), key)
 }
 
 // worker is the durable consumer's name in every test.
@@ -222,16 +262,8 @@ type testDB struct {
 // newDB makes a store of kind with an empty ledger table.
 func newDB(t testing.TB, kind string, now func() time.Time) *testDB {
 	t.Helper()
-	var spec string
-	switch kind {
-	case "sqlite":
-		spec = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	case "postgres":
-		spec = "postgres:" + newSchema(t)
-	default:
-		t.Fatalf("unknown store kind %q", kind)
-	}
-	db := openDB(t, spec, now)
+	store, spec := teststore.OpenDurable(t, kind, now)
+	db := withLedger(t, store, spec)
 	var err error
 	switch kind {
 	case "sqlite":
@@ -249,25 +281,19 @@ func newDB(t testing.TB, kind string, now func() time.Time) *testDB {
 // test ends.
 func openDB(t testing.TB, spec string, now func() time.Time) *testDB {
 	t.Helper()
+	return withLedger(t, teststore.Reopen(t, spec, now), spec)
+}
+
+// withLedger returns store with the connection its ledger is read with.
+func withLedger(t testing.TB, store idemstore.TxStore, spec string) *testDB {
+	t.Helper()
 	kind, where, _ := strings.Cut(spec, ":")
-	db := &testDB{kind: kind, spec: spec}
+	db := &testDB{kind: kind, spec: spec, store: store}
 	switch kind {
 	case "sqlite":
-		s, err := idemsqlite.Open(where, &idemsqlite.Config{Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		db.store, db.sqlite = s, s.DB()
+		db.sqlite = store.(*idemsqlite.Store).DB()
 	case "postgres":
-		db.pg, db.schema = testPool(t), where
-		s := idempgx.New(db.pg, &idempgx.Config{Schema: where, Now: now})
-		if _, err := s.Migrate(context.Background()); err != nil {
-			t.Fatalf("Migrate: %v", err)
-		}
-		db.store = s
-	default:
-		t.Fatalf("unknown store %q", spec)
+		db.pg, db.schema = teststore.Pool(t), where
 	}
 	return db
 }
@@ -322,41 +348,6 @@ func (db *testDB) rows(t testing.TB) int {
 	return n
 }
 
-// newSchema returns a fresh PostgreSQL schema name, dropped when the test
-// ends.
-func newSchema(t testing.TB) string {
-	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "idemnats_test_" + hex.EncodeToString(b[:])
-	pool := testPool(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	return schema
-}
-
-// testPool opens a pool on the test PostgreSQL, closed when the test ends.
-func testPool(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	url := testenv.PostgresURL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // getRecord reads the record of key at endpoint.
 func getRecord(t testing.TB, store idemstore.Store, endpoint, key string) *idemstore.Record {
 	t.Helper()
@@ -381,6 +372,15 @@ func (c *counter) add(id string) int {
 	}
 	c.n[id]++
 	return c.n[id]
+}
+
+// handler returns a handler that counts its runs under the id that id
+// reads from the message.
+func (c *counter) handler(id func(jetstream.Msg) string) idemnats.Handler {
+	return func(_ context.Context, m jetstream.Msg) error {
+		c.add(id(m))
+		return nil
+	}
 }
 
 func (c *counter) get(id string) int {

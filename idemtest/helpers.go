@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // Parameters every subtest uses unless it says otherwise. All durations are
@@ -255,26 +255,6 @@ func sampleResponse() *idemstore.Response {
 	}
 }
 
-// race runs f(i) for i in [0, n) on n goroutines released at the same
-// moment, and returns when all are done.
-func race(n int, f func(i int)) {
-	var ready, done sync.WaitGroup
-	start := make(chan struct{})
-	ready.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-start
-			f(i)
-		}()
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
-
 // raceReserve has concurrency goroutines reserve id at once, each with its
 // own token, and returns their results in order.
 func (b *bundle) raceReserve(t *testing.T, id idemstore.Identity, fingerprint string) []*idemstore.ReserveResult {
@@ -286,7 +266,7 @@ func (b *bundle) raceReserve(t *testing.T, id idemstore.Identity, fingerprint st
 	}
 	results := make([]*idemstore.ReserveResult, concurrency)
 	errs := make([]error, concurrency)
-	race(concurrency, func(i int) {
+	testenv.Race(concurrency, func(i int) {
 		results[i], errs[i] = b.store.KeyReserve(b.ctx, params[i])
 	})
 	for i, err := range errs {

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // This file pins down what the store keeps for an unknown outcome: it never
@@ -381,7 +382,7 @@ func testReconcileState(t *testing.T, setup setupFunc) {
 			errs   []error
 		)
 		const claimers = 20
-		race(claimers, func(int) {
+		testenv.Race(claimers, func(int) {
 			for {
 				recs, err := b.store.KeyReconcileClaim(b.ctx, &idemstore.ReconcileClaimParams{Limit: 3, Hold: time.Hour})
 				mu.Lock()

@@ -4,6 +4,10 @@
 // NATSURL. The URL comes from IDEM_TEST_DATABASE_URL / IDEM_TEST_REDIS_URL /
 // IDEM_TEST_NATS_URL with localhost defaults. When the service does not answer the test is skipped with the
 // variable's name, unless IDEM_TEST_REQUIRE_ALL=1, when it fails instead.
+//
+// Race releases many goroutines at once, for tests of concurrent callers;
+// KillChild runs a test in a child process of the test binary and kills it
+// at a point the child announces, for tests of what survives a crash.
 package testenv
 
 import (
