@@ -89,7 +89,8 @@ type ClientConfig struct {
 	DisableUnknownOutcomeRetry bool
 	// Logger receives a debug record per retry and a warning when the
 	// retries run out. Keys appear only as a short hash (attribute
-	// key_hash). Defaults to slog.Default().
+	// idempotency_key_hash: the first 16 hex digits of the key's SHA-256,
+	// as idemclient logs it). Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -259,7 +260,7 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 		key = md.Get(MetadataKey)[0]
 	}
 	cfg := &c.cfg
-	log := cfg.Logger.With(slog.String("method", method), slog.String("key_hash", keyHash(key)))
+	log := cfg.Logger.With(slog.String("method", method), slog.String("idempotency_key_hash", keyHash(key)))
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
@@ -329,5 +330,5 @@ func (c *client) key(ctx context.Context, req any) (string, error) {
 // keyHash is the short hash under which keys appear in logs.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
+	return hex.EncodeToString(sum[:8])
 }
