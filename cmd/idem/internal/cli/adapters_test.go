@@ -29,7 +29,9 @@ func TestKeysShowRecordsOfEveryAdapter(t *testing.T) {
 	req, _ := structpb.NewStruct(map[string]any{"amount": 500})
 	gctx := metadata.NewIncomingContext(ctx, metadata.Pairs(idemgrpc.MetadataKey, "grpc-order-1"))
 	_, err := intercept(gctx, req, &grpc.UnaryServerInfo{FullMethod: "/shop.v1.Payments/Charge"},
-		func(ctx context.Context, req any) (any, error) { return structpb.NewStruct(map[string]any{"id": "ch_1"}) })
+		func(ctx context.Context, req any) (any, error) {
+			return structpb.NewStruct(map[string]any{"id": "ch_1"})
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
