@@ -10,23 +10,37 @@
 -- serializes committing transactions, which the common path must not pay.
 
 -- name: reserve
--- One statement, one round trip. ins inserts a new record; take re-claims a
--- record past its retention, a released one with the same fingerprint, or
--- an expired lease that turns released; lapse turns any other expired lease
--- into its lease_expired_state. When none of them writes, the last branch
--- reads the existing record without locking it, so a replay writes nothing.
+-- One statement, one round trip. done finds a live completed record, which
+-- nothing below may write: a replay. Only when there is none do the writing
+-- branches run (each is gated on NOT EXISTS done, a one-time filter that
+-- skips its scan): ins inserts a new record; take re-claims a record past
+-- its retention, a released one with the same fingerprint, or an expired
+-- lease that turns released; lapse turns any other expired lease into its
+-- lease_expired_state. When none of them writes, the last branch reads the
+-- existing record without locking it. So a replay is one index lookup and
+-- writes nothing.
 -- $1 scope, $2 endpoint, $3 key, $4 fingerprint, $5 token, $6 now,
 -- $7 locked_until, $8 expires_at, $9 lease_expired_state, $10 ttl.
 -- "Past its retention" is an expired record: never an unknown one, nor an
 -- expired lease that turns unknown.
-WITH ins AS (
+WITH done AS (
+    SELECT {{columns}}
+    FROM {{schema}}.idem_keys AS k
+    WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+      -- A CASE, as in lapse: with plain conditions a generic plan could
+      -- scan every live completed record through idem_keys_reap_idx
+      -- (whose predicate and key they match) instead of the primary key.
+      AND CASE WHEN k.state = 'completed'
+               THEN k.expires_at > $6::timestamptz ELSE false END
+), ins AS (
     INSERT INTO {{schema}}.idem_keys AS k (
         scope, endpoint, key, fingerprint, state, token, locked_until,
         started_at, lease_expired_state, attempts, created_at, updated_at,
         expires_at, ttl)
-    VALUES ($1::text, $2::text, $3::text, $4::text, 'in_progress', $5::text,
+    SELECT $1::text, $2::text, $3::text, $4::text, 'in_progress', $5::text,
         $7::timestamptz, $6::timestamptz, $9::text, 1, $6::timestamptz,
-        $6::timestamptz, $8::timestamptz, $10::interval)
+        $6::timestamptz, $8::timestamptz, $10::interval
+    WHERE NOT EXISTS (SELECT 1 FROM done)
     ON CONFLICT ON CONSTRAINT idem_keys_pkey DO NOTHING
     RETURNING {{columns}}
 ), take AS (
@@ -58,6 +72,7 @@ WITH ins AS (
         reconcile_attempts = 0,
         reconcile_error = ''
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+      AND NOT EXISTS (SELECT 1 FROM done)
       AND NOT EXISTS (SELECT 1 FROM ins)
       AND ((k.expires_at <= $6::timestamptz AND k.state <> 'unknown'
             AND NOT (k.state = 'in_progress' AND k.locked_until <= $6::timestamptz
@@ -73,6 +88,7 @@ WITH ins AS (
         state = k.lease_expired_state,
         updated_at = $6::timestamptz
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+      AND NOT EXISTS (SELECT 1 FROM done)
       AND NOT EXISTS (SELECT 1 FROM ins)
       -- One CASE, so that the row is always found by its primary key: with
       -- plain conditions a generic plan made while few leases were in
@@ -86,6 +102,8 @@ WITH ins AS (
                ELSE false END
     RETURNING {{columns}}
 )
+SELECT false, * FROM done
+UNION ALL
 SELECT true, * FROM ins
 UNION ALL
 SELECT true, * FROM take
@@ -95,6 +113,7 @@ UNION ALL
 SELECT false, {{columns}}
 FROM {{schema}}.idem_keys AS k
 WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
+  AND NOT EXISTS (SELECT 1 FROM done)
   AND NOT EXISTS (SELECT 1 FROM ins)
   AND NOT EXISTS (SELECT 1 FROM take)
   AND NOT EXISTS (SELECT 1 FROM lapse);

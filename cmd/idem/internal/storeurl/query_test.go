@@ -93,3 +93,25 @@ func FuzzParsePostgres(f *testing.F) {
 		}
 	})
 }
+
+func TestParsePostgresPoolSize(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		url  string
+		want int32
+	}{
+		{"postgres://app@127.0.0.1/idem", DefaultPostgresMaxConns},
+		{"postgres://app@127.0.0.1/idem?schema=a", DefaultPostgresMaxConns},
+		{"postgres://app@127.0.0.1/idem?pool_max_conns=3&schema=a", 3},
+		{"postgres://app@127.0.0.1/idem?pool_max_conns=64", 64},
+	}
+	for _, tt := range tests {
+		cfg, _, err := ParsePostgres(tt.url)
+		if err != nil {
+			t.Fatalf("ParsePostgres(%q): %v", tt.url, err)
+		}
+		if cfg.MaxConns != tt.want {
+			t.Errorf("ParsePostgres(%q): MaxConns = %d, want %d", tt.url, cfg.MaxConns, tt.want)
+		}
+	}
+}

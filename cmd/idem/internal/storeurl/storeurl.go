@@ -5,7 +5,9 @@
 //	                     ?synchronous=NORMAL trades power-loss durability for speed
 //	memory:              in-process, not durable
 //	postgres://…         PostgreSQL (also postgresql://); ?schema=NAME puts the
-//	                     store's tables in that schema (default public)
+//	                     store's tables in that schema (default public);
+//	                     pgx's own options pass through (pool_max_conns,
+//	                     default DefaultPostgresMaxConns)
 //	redis://…            Redis (also rediss:// for TLS); ?prefix=P starts the
 //	                     store's keys with P (default idem:)
 //	redis+cluster://…    a Redis Cluster, redis+sentinel://… a master named by
@@ -156,10 +158,24 @@ func ParseSQLite(rawURL string) (path string, cfg idemsqlite.Config, err error) 
 	return path, cfg, nil
 }
 
+// DefaultPostgresMaxConns is the size of the connection pool of a
+// postgres:// store whose URL does not set pool_max_conns (pgxpool's own
+// option). An idem server holds a connection for one statement at a time,
+// but a new key's two statements each wait for their commit's WAL flush,
+// and PostgreSQL flushes together the commits that wait together: pgxpool's
+// default, max(4, GOMAXPROCS), let at most four requests share a flush. More
+// connections are not free either: every statement then wakes a backend of
+// its own, which costs the server CPU on every replay. Measured end to end
+// (BENCHMARKS.md, section 5), 8 connections gave new keys the throughput of
+// 16 and replays about the server CPU of 4. Connections are opened as
+// requests need them.
+const DefaultPostgresMaxConns = 8
+
 // ParsePostgres reads a postgres:// URL into a pool configuration and the
 // schema its ?schema= option names ("" when absent). schema is ours, not a
 // PostgreSQL parameter: it is taken out before pgx would send it to the
-// server.
+// server. The pool holds at most pool_max_conns connections (default
+// DefaultPostgresMaxConns).
 func ParsePostgres(rawURL string) (*pgxpool.Config, string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -175,6 +191,9 @@ func ParsePostgres(rawURL string) (*pgxpool.Config, string, error) {
 	pcfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	if !q.Has("pool_max_conns") {
+		pcfg.MaxConns = DefaultPostgresMaxConns
 	}
 	return pcfg, schema, nil
 }
