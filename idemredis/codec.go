@@ -32,19 +32,7 @@ type encodedResponse struct {
 	body          any // []byte or ""
 }
 
-// stateArg is a lease-expired state as a script argument, boxed once.
-func stateArg(st idemstore.State) any {
-	switch st {
-	case idemstore.StateUnknown:
-		return argUnknown
-	case idemstore.StateReleased:
-		return argReleased
-	}
-	return string(st)
-}
-
 var (
-	argUnknown, argReleased     any = string(idemstore.StateUnknown), string(idemstore.StateReleased)
 	argTrue, argFalse, argEmpty any = "1", "0", ""
 	// statusArgs are the statuses net/http lets a handler write.
 	statusArgs = func() (t [1000]any) {
