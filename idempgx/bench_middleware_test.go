@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,9 +46,7 @@ const (
 // sqlRecorder is a pgx.QueryTracer that records the statements sent while
 // it is on.
 type sqlRecorder struct {
-	on    atomic.Bool
-	mu    sync.Mutex
-	stmts []recordedStmt
+	benchkit.Recorder[recordedStmt]
 }
 
 // recordedStmt is one statement sent on the pool.
@@ -59,31 +56,12 @@ type recordedStmt struct {
 }
 
 func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if r.on.Load() {
-		r.mu.Lock()
-		r.stmts = append(r.stmts, recordedStmt{sql: data.SQL, args: append([]any(nil), data.Args...)})
-		r.mu.Unlock()
-	}
+	r.Add(func() recordedStmt { return recordedStmt{sql: data.SQL, args: append([]any(nil), data.Args...)} })
 	return ctx
 }
 
 func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// record returns the statements that f sends.
-func (r *sqlRecorder) record(f func()) []recordedStmt {
-	r.mu.Lock()
-	r.stmts = nil
-	r.mu.Unlock()
-	r.on.Store(true)
-	f()
-	r.on.Store(false)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stmts
-}
-
-// discardLogger is the benchmarks' logger: a log line is not what they
-// measure.
 // pgBench is a migrated idempgx store in a schema of its own, on a pool
 // whose statements can be recorded, and the middleware on it.
 type pgBench struct {
@@ -143,11 +121,11 @@ func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
 // replay of it, and checks their number.
 func (p *pgBench) learn(b *testing.B) (reserve, complete recordedStmt) {
 	b.Helper()
-	stmts := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
+	stmts := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, false) })
 	if len(stmts) != 2 {
 		b.Fatalf("a new key sent %d statements, want 2 (reserve, complete)", len(stmts))
 	}
-	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	replay := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
 	if len(replay) != 1 || replay[0].sql != stmts[0].sql {
 		b.Fatalf("a replay sent %d statements, want 1 (reserve)", len(replay))
 	}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,39 +48,20 @@ const redisBenchParallelism = 4
 // cmdRecorder is a redis.Hook that records the commands sent while it is
 // on.
 type cmdRecorder struct {
-	on   atomic.Bool
-	mu   sync.Mutex
-	cmds [][]any
+	benchkit.Recorder[[]any]
 }
 
 func (r *cmdRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (r *cmdRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if r.on.Load() {
-			r.mu.Lock()
-			r.cmds = append(r.cmds, append([]any(nil), cmd.Args()...))
-			r.mu.Unlock()
-		}
+		r.Add(func() []any { return append([]any(nil), cmd.Args()...) })
 		return next(ctx, cmd)
 	}
 }
 
 func (r *cmdRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
-}
-
-// record returns the commands that f sends.
-func (r *cmdRecorder) record(f func()) [][]any {
-	r.mu.Lock()
-	r.cmds = nil
-	r.mu.Unlock()
-	r.on.Store(true)
-	f()
-	r.on.Store(false)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cmds
 }
 
 // redisBench is an idemredis store under a prefix of its own, on a client
@@ -172,11 +152,11 @@ func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
 	b.Helper()
 	p.serve(b, "warm-up", benchkit.Body, false)
 	p.serve(b, "warm-up", benchkit.Body, true)
-	cmds := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, false) })
+	cmds := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, false) })
 	if len(cmds) != 2 {
 		b.Fatalf("a new key sent %d commands, want 2 (reserve, complete): %v", len(cmds), cmds)
 	}
-	replay := p.rec.record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	replay := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
 	if len(replay) != 1 {
 		b.Fatalf("a replay sent %d commands, want 1 (reserve): %v", len(replay), replay)
 	}

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Body is a ~200-byte JSON payment request.
@@ -65,4 +67,36 @@ var RawVariants = []struct {
 // the middleware benchmarks do around the middleware.
 func BareRequest(key, body string) {
 	Handler.ServeHTTP(httptest.NewRecorder(), RequestBody(key, body))
+}
+
+// Recorder keeps what a driver hook sees while it is on, so a benchmark can
+// learn the exact statements or commands one request sends and replay them
+// in a raw loop.
+type Recorder[T any] struct {
+	on   atomic.Bool
+	mu   sync.Mutex
+	seen []T
+}
+
+// Add keeps v when the recorder is on; hooks call it for everything they
+// see.
+func (r *Recorder[T]) Add(v func() T) {
+	if r.on.Load() {
+		r.mu.Lock()
+		r.seen = append(r.seen, v())
+		r.mu.Unlock()
+	}
+}
+
+// Record returns what the hooks added while f ran.
+func (r *Recorder[T]) Record(f func()) []T {
+	r.mu.Lock()
+	r.seen = nil
+	r.mu.Unlock()
+	r.on.Store(true)
+	f()
+	r.on.Store(false)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen
 }
