@@ -13,6 +13,14 @@
 #   replay  one key, sent first once to complete it, then repeated (the
 #           proxy answers from the store; the bare proxy forwards)
 #
+# Two baselines run in every round: "bare", the bare proxy with idem proxy's
+# own transport settings (256 idle connections per host), which the ratios
+# are taken against; and "bare-default", the same proxy on
+# http.DefaultTransport (2 idle connections per host: under 16 connections
+# it opens a new upstream connection for most requests), the untuned reverse
+# proxy issue 16's first figures were measured against; the "vs default
+# bare" column is the throughput relative to it (BASELINES="bare" drops it).
+#
 # Per shape and target it prints the throughput relative to the bare proxy
 # (the median of the rounds' ratios, and every round's), the median p50 and
 # p99 latency, and the CPU time per request (user + system, from
@@ -23,6 +31,7 @@
 #
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
+#   BASELINES="bare bare-default"
 #   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT..PORT+4 are used)
 #   SQLITE_SYNC=FULL (or NORMAL)  WORKDIR (default: a new directory under
 #   /var/tmp; the SQLite file lives there, so it must not be tmpfs)
@@ -38,6 +47,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-6s}
 STORES=${STORES:-sqlite postgres redis}
 SHAPES=${SHAPES:-new replay}
+BASELINES=${BASELINES:-bare bare-default}
 THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-16}
 PORT=${PORT:-18900}
@@ -84,11 +94,17 @@ go build -o "$work/bareproxy" ./cmd/idem/internal/loadgen/bareproxy
 with_param() { if [[ $1 == *\?* ]]; then echo "$1&$2"; else echo "$1?$2"; fi; }
 
 # start NAME PORT COMMAND...: runs COMMAND in the background, logging to
-# $work/NAME.log, and waits until PORT accepts connections.
+# $work/NAME.log, and waits until PORT accepts connections. A port already
+# taken (another run of this script) stops the run instead of measuring
+# someone else's process.
 declare -A pid_of
 start() {
 	local name=$1 port=$2
 	shift 2
+	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+		log "port $port is already in use; set PORT to another base"
+		exit 1
+	fi
 	"$@" >"$work/$name.log" 2>&1 &
 	pids+=("$!")
 	pid_of[$name]=$!
@@ -107,6 +123,13 @@ targets=(bare)
 declare -A port_of=([bare]=$((PORT + 1)))
 start bare "$((PORT + 1))" "$work/bareproxy" --listen "127.0.0.1:$((PORT + 1))" --upstream "$upstream"
 n=2
+if [[ " $BASELINES " == *" bare-default "* ]]; then
+	port_of[bare-default]=$((PORT + n))
+	start bare-default "$((PORT + n))" "$work/bareproxy" --listen "127.0.0.1:$((PORT + n))" \
+		--upstream "$upstream" --transport default
+	targets+=(bare-default)
+	n=$((n + 1))
+fi
 for store in $STORES; do
 	case $store in
 	sqlite) url="sqlite:$work/proxy.db?synchronous=$SQLITE_SYNC" ;;
@@ -248,6 +271,7 @@ function ms(us) { return sprintf("%.2f ms", us / 1000) }
 	rps[k, r] = $4; p50[k, r] = $5; p99[k, r] = $6; pcpu[k, r] = $7; scpu[k, r] = $8
 	bad[k] += $9; non2xx[k] += $10; round[k, r] = $3
 	if ($2 == "bare") bare[$1, $3] = $4
+	if ($2 == "bare-default") bared[$1, $3] = $4
 }
 END {
 	for (i = 1; i <= n; i++) {
@@ -258,15 +282,32 @@ END {
 			rounds = rounds sprintf("%s%.2f", r > 1 ? " " : "", q[r])
 		}
 		ratio = median(q, c)
+		if ((shape, round[k, 1]) in bared) {
+			for (r = 1; r <= c; r++) d[r] = rps[k, r] / bared[shape, round[k, r]]
+			vd[k] = median(d, c)
+		}
 		for (r = 1; r <= c; r++) a[r] = rps[k, r]; thr = median(a, c)
 		for (r = 1; r <= c; r++) a[r] = p50[k, r]; l50 = median(a, c)
 		for (r = 1; r <= c; r++) a[r] = p99[k, r]; l99 = median(a, c)
 		for (r = 1; r <= c; r++) a[r] = pcpu[k, r]; pc = median(a, c)
 		if (target == "bare") barecpu[shape] = pc
+		if (target == "bare-default") baredcpu[shape] = pc
+		pcm[k] = pc
 		sc = "–"
-		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
+		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); scm[k] = m; sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
+		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : "idem, " target
 		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %d, %d |\n", shape,
-			target == "bare" ? "bare reverse proxy" : "idem, " target, ratio, rounds, thr, ms(l50), ms(l99),
+			name[k], ratio, rounds, thr, ms(l50), ms(l99),
 			pc, pc / barecpu[shape], sc, bad[k], non2xx[k]
+	}
+	if (length(baredcpu) == 0) exit
+	printf "\nAgainst the bare proxy on http.DefaultTransport (medians of the same rounds):\n\n"
+	print "| shape | target | throughput vs default bare | proxy CPU/req vs default bare | store CPU/req vs default bare |"
+	print "|---|---|---|---|---|"
+	for (i = 1; i <= n; i++) {
+		k = order[i]; split(k, f, SUBSEP); shape = f[1]; target = f[2]
+		if (target == "bare-default") continue
+		printf "| %s | %s | %.2f | %.2f | %s |\n", shape, name[k], vd[k], pcm[k] / baredcpu[shape],
+			(k in scm) ? sprintf("%.2f", scm[k] / baredcpu[shape]) : "–"
 	}
 }' "$results"
