@@ -11,8 +11,9 @@ import (
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
-// TestReservePlanUsesPrimaryKey pins down that the reserve statement finds
-// its record by the primary key in a generic plan made on an empty table,
+// TestReservePlanUsesPrimaryKey pins down that the reserve and reclaim
+// statements find their record by the primary key in a generic plan made on
+// an empty table,
 // which is what a pool's connections prepare when a store starts fresh: a
 // branch that could use idem_keys_reap_idx (live completed records by
 // expires_at) or a sequential scan instead reads every record on every
@@ -32,10 +33,21 @@ func TestReservePlanUsesPrimaryKey(t *testing.T) {
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "PREPARE idem_reserve_plan AS "+s.q.reserve); err != nil {
-		t.Fatalf("preparing reserve: %v", err)
+	for _, st := range []struct{ name, sql string }{{"reserve", s.q.reserve}, {"reclaim", s.q.reclaim}} {
+		t.Run(st.name, func(t *testing.T) {
+			checkPlanUsesPrimaryKey(ctx, t, conn, st.name, st.sql)
+		})
 	}
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE idem_reserve_plan('', 'POST /v1/payments', 'key-1', 'fp',
+}
+
+// checkPlanUsesPrimaryKey prepares sql, one of the reserve statements, on
+// conn and checks that every scan of idem_keys in its plan is by the
+// primary key.
+func checkPlanUsesPrimaryKey(ctx context.Context, t *testing.T, conn *pgx.Conn, name, sql string) {
+	if _, err := conn.Exec(ctx, "PREPARE idem_"+name+"_plan AS "+sql); err != nil {
+		t.Fatalf("preparing %s: %v", name, err)
+	}
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE idem_`+name+`_plan('', 'POST /v1/payments', 'key-1', 'fp',
 		'token', now(), now(), now(), 'unknown', interval '1 day')`)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +70,7 @@ func TestReservePlanUsesPrimaryKey(t *testing.T) {
 		}
 		scans++
 		if !strings.Contains(line, "Index Scan using idem_keys_pkey on idem_keys ") {
-			t.Errorf("reserve reads idem_keys other than by its primary key: %s", strings.TrimSpace(line))
+			t.Errorf("%s reads idem_keys other than by its primary key: %s", name, strings.TrimSpace(line))
 		}
 	}
 	if scans == 0 {

@@ -28,7 +28,7 @@ const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
 
 // queries are the store's statements with the placeholders filled in.
 type queries struct {
-	reserve, get, complete, release, markUnknown, delete, renew,
+	reserve, reclaim, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
 	purgeLock, purge, reconcileClaim, reconcileFail, backlog string
 }
@@ -59,6 +59,7 @@ func loadQueries(schema, channel string) *queries {
 	}
 	return &queries{
 		reserve:     q("reserve"),
+		reclaim:     q("reclaim"),
 		get:         q("get"),
 		complete:    q("complete"),
 		release:     q("release"),

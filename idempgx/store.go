@@ -3,8 +3,9 @@
 //
 // Records live in one table, idem_keys, created by the embedded migrations
 // (Store.Migrate). Every operation is a single statement: KeyReserve inserts
-// a record or re-claims a released or expired one in one round trip, and a
-// replay of a completed key reads the record without writing or locking it.
+// a new record in one round trip, and re-claims a released or expired one
+// atomically in a second (the rare path), and a replay of a completed key
+// reads the record without writing or locking it.
 // Writes that finish an attempt are conditional on the fencing token.
 // CompleteTx and CheckpointTx run the same fenced writes inside the caller's
 // transaction, so a key's completion commits or rolls back with the business
@@ -141,11 +142,13 @@ func (s *Store) now() time.Time {
 }
 
 // KeyReserve inserts a new in_progress record or re-claims a released or
-// expired one in one statement, and otherwise returns the existing record
-// without writing to it (see queries.sql, "reserve").
+// expired one, and otherwise returns the existing record without writing to
+// it. A replay or a new key is one statement ("reserve" in queries.sql); a
+// record that statement finds but may be re-claimed (claimable) takes a
+// second, "reclaim", which also does everything the first does.
 //
-// Under READ COMMITTED the statement reads with one snapshot: a record that
-// a concurrent transaction inserted or re-claimed and committed after the
+// Under READ COMMITTED a statement reads with one snapshot: a record that a
+// concurrent transaction inserted or re-claimed and committed after the
 // snapshot was taken blocks this statement's writes but is invisible to its
 // read. The statement then returns no row, or the record as it was before
 // the concurrent change; it is run again, and the next snapshot sees it.
@@ -160,10 +163,11 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		return nil, fmt.Errorf("reserving key: lease expired state %q is not unknown or released", les)
 	}
 	now := s.now()
+	sql := s.q.reserve
 	for range maxReserveTries {
 		var reserved bool
 		var rs recordScan
-		err := s.pool.QueryRow(ctx, s.q.reserve,
+		err := s.pool.QueryRow(ctx, sql,
 			p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
 			now.Add(p.Lease), now.Add(p.TTL), string(les), p.TTL,
 		).Scan(rs.dest(&reserved)...)
@@ -178,16 +182,19 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			return nil, fmt.Errorf("reserving key: %w", err)
 		}
 		if !reserved && claimable(rec, p.Fingerprint, now) {
-			continue // changed by a transaction our snapshot missed
+			// Re-claimable: reserve leaves it to reclaim; found so by
+			// reclaim, it changed in a transaction our snapshot missed.
+			sql = s.q.reclaim
+			continue
 		}
 		return &idemstore.ReserveResult{Reserved: reserved, Record: rec}, nil
 	}
 	return nil, fmt.Errorf("reserving key: record still changing after %d tries", maxReserveTries)
 }
 
-// claimable reports whether the reserve statement would have written rec:
-// found unwritten, rec is an old snapshot of a row another transaction
-// changed.
+// claimable reports whether the reclaim statement would have written rec:
+// found unwritten by reclaim, rec is an old snapshot of a row another
+// transaction changed.
 func claimable(rec *idemstore.Record, fingerprint string, now time.Time) bool {
 	if rec.Expired(now) || rec.LeaseExpired(now) {
 		return true

@@ -75,11 +75,12 @@ func (b *bundle) rowVersion(t *testing.T, id idemstore.Identity) string {
 	return xmin + "/" + xmax
 }
 
-// reserveAssignsXID runs the reserve statement in a transaction and reports
+// reserveAssignsXID runs sql, the reserve or the reclaim statement, in a
+// transaction and reports
 // whether it got a transaction id, that is whether it wrote anything (a
 // tuple or a row lock). A transaction without one commits without a WAL
 // flush.
-func (b *bundle) reserveAssignsXID(t *testing.T, p *idemstore.ReserveParams) (reserved bool, assigned bool) {
+func (b *bundle) reserveAssignsXID(t *testing.T, sql string, p *idemstore.ReserveParams) (reserved bool, assigned bool) {
 	t.Helper()
 	tx, err := b.store.pool.Begin(b.ctx)
 	if err != nil {
@@ -88,7 +89,7 @@ func (b *bundle) reserveAssignsXID(t *testing.T, p *idemstore.ReserveParams) (re
 	defer tx.Rollback(b.ctx)
 	now := b.store.now()
 	var rs recordScan
-	err = tx.QueryRow(b.ctx, b.store.q.reserve, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+	err = tx.QueryRow(b.ctx, sql, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
 		now, now.Add(p.Lease), now.Add(p.TTL), string(p.LeaseExpiredState), p.TTL).
 		Scan(append([]any{&reserved}, rs.dest()...)...)
 	if err != nil {
@@ -127,23 +128,31 @@ func TestReplayWritesNothing(t *testing.T) {
 	if after := b.rowVersion(t, testID); after != before {
 		t.Fatalf("replays changed the row version from %s to %s: they wrote or locked it", before, after)
 	}
-	if _, assigned := b.reserveAssignsXID(t, reserveParams("replay-tx", idemstore.StateUnknown)); assigned {
-		t.Fatal("a replay got a transaction id: it wrote something")
+	for _, sql := range []string{b.store.q.reserve, b.store.q.reclaim} {
+		if _, assigned := b.reserveAssignsXID(t, sql, reserveParams("replay-tx", idemstore.StateUnknown)); assigned {
+			t.Fatal("a replay got a transaction id: it wrote something")
+		}
 	}
 	// The same probe sees a write when there is one: a live in_progress
-	// record is read without writing, a released one is taken over.
+	// record is read without writing, a released one is taken over by the
+	// reclaim statement (the reserve statement leaves it to reclaim).
 	other := idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "key-2"}
 	p := reserveParams("t2", idemstore.StateUnknown)
 	p.Identity = other
 	b.reserve(t, p)
 	p.Token = "t3"
-	if reserved, assigned := b.reserveAssignsXID(t, p); reserved || assigned {
-		t.Fatalf("duplicate of a live lease: reserved %v, xid assigned %v; want neither", reserved, assigned)
+	for _, sql := range []string{b.store.q.reserve, b.store.q.reclaim} {
+		if reserved, assigned := b.reserveAssignsXID(t, sql, p); reserved || assigned {
+			t.Fatalf("duplicate of a live lease: reserved %v, xid assigned %v; want neither", reserved, assigned)
+		}
 	}
 	if err := b.store.KeyRelease(b.ctx, &idemstore.FinishParams{Identity: other, Token: "t2"}); err != nil {
 		t.Fatal(err)
 	}
-	if reserved, assigned := b.reserveAssignsXID(t, p); !reserved || !assigned {
+	if reserved, assigned := b.reserveAssignsXID(t, b.store.q.reserve, p); reserved || assigned {
+		t.Fatalf("reserve statement on a released record: reserved %v, xid assigned %v; want neither", reserved, assigned)
+	}
+	if reserved, assigned := b.reserveAssignsXID(t, b.store.q.reclaim, p); !reserved || !assigned {
 		t.Fatalf("takeover of a released record: reserved %v, xid assigned %v; want both", reserved, assigned)
 	}
 }
