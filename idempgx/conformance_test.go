@@ -22,3 +22,15 @@ func TestStorePartitioned(t *testing.T) {
 		return newPartitionedStore(t, clock.Now, 4)
 	})
 }
+
+// TestStoreGroupCommit runs the conformance suite with the statements of
+// concurrent calls grouped.
+func TestStoreGroupCommit(t *testing.T) {
+	t.Parallel()
+	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
+		s := newTestStore(t, clock.Now)
+		s.group = newGrouper(s.pool)
+		s.group.flights = 1
+		return s
+	})
+}

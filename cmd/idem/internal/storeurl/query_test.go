@@ -115,3 +115,31 @@ func TestParsePostgresPoolSize(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePostgresGroupCommit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		url  string
+		want bool
+	}{
+		{"postgres://app@127.0.0.1/idem", true},
+		{"postgres://app@127.0.0.1/idem?group_commit=true&schema=a", true},
+		{"postgres://app@127.0.0.1/idem?group_commit=false", false},
+		{"postgres://app@127.0.0.1/idem?group_commit=0&pool_max_conns=3", false},
+	}
+	for _, tt := range tests {
+		cfg, opts, err := parsePostgres(tt.url)
+		if err != nil {
+			t.Fatalf("parsePostgres(%q): %v", tt.url, err)
+		}
+		if opts.groupCommit != tt.want {
+			t.Errorf("parsePostgres(%q): group commit %v, want %v", tt.url, opts.groupCommit, tt.want)
+		}
+		if _, ok := cfg.ConnConfig.RuntimeParams["group_commit"]; ok {
+			t.Errorf("parsePostgres(%q): group_commit sent to the server", tt.url)
+		}
+	}
+	if _, _, err := parsePostgres("postgres://app@127.0.0.1/idem?group_commit=maybe"); err == nil {
+		t.Error("group_commit=maybe accepted")
+	}
+}

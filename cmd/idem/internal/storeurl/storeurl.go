@@ -6,8 +6,10 @@
 //	memory:              in-process, not durable
 //	postgres://…         PostgreSQL (also postgresql://); ?schema=NAME puts the
 //	                     store's tables in that schema (default public);
-//	                     pgx's own options pass through (pool_max_conns,
-//	                     default DefaultPostgresMaxConns)
+//	                     ?group_commit=false sends every statement alone
+//	                     (default true: idempgx.Config.GroupCommit); pgx's
+//	                     own options pass through (pool_max_conns, default
+//	                     DefaultPostgresMaxConns)
 //	redis://…            Redis (also rediss:// for TLS); ?prefix=P starts the
 //	                     store's keys with P (default idem:)
 //	redis+cluster://…    a Redis Cluster, redis+sentinel://… a master named by
@@ -172,30 +174,50 @@ func ParseSQLite(rawURL string) (path string, cfg idemsqlite.Config, err error) 
 const DefaultPostgresMaxConns = 8
 
 // ParsePostgres reads a postgres:// URL into a pool configuration and the
-// schema its ?schema= option names ("" when absent). schema is ours, not a
-// PostgreSQL parameter: it is taken out before pgx would send it to the
-// server. The pool holds at most pool_max_conns connections (default
-// DefaultPostgresMaxConns).
+// schema its ?schema= option names ("" when absent). schema and
+// group_commit are ours, not PostgreSQL parameters: they are taken out
+// before pgx would send them to the server. The pool holds at most
+// pool_max_conns connections (default DefaultPostgresMaxConns).
 func ParsePostgres(rawURL string) (*pgxpool.Config, string, error) {
+	pcfg, opts, err := parsePostgres(rawURL)
+	return pcfg, opts.schema, err
+}
+
+// postgresOptions are the options of a postgres:// URL that are ours.
+type postgresOptions struct {
+	schema      string
+	groupCommit bool
+}
+
+func parsePostgres(rawURL string) (*pgxpool.Config, postgresOptions, error) {
+	opts := postgresOptions{groupCommit: true}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+		return nil, opts, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
 	}
 	q, err := parseQuery(u.RawQuery)
 	if err != nil {
-		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		return nil, opts, fmt.Errorf("store %s: %w", Redact(rawURL), err)
 	}
-	schema := q.Get("schema")
+	opts.schema = q.Get("schema")
 	q.Del("schema")
+	if q.Has("group_commit") {
+		v, err := strconv.ParseBool(q.Get("group_commit"))
+		if err != nil {
+			return nil, opts, fmt.Errorf("store %s: group_commit=%q: want true or false", Redact(rawURL), q.Get("group_commit"))
+		}
+		opts.groupCommit = v
+		q.Del("group_commit")
+	}
 	u.RawQuery = q.Encode()
 	pcfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
-		return nil, "", fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		return nil, opts, fmt.Errorf("store %s: %w", Redact(rawURL), err)
 	}
 	if !q.Has("pool_max_conns") {
 		pcfg.MaxConns = DefaultPostgresMaxConns
 	}
-	return pcfg, schema, nil
+	return pcfg, opts, nil
 }
 
 func openSQLite(rawURL string, o Options) (idemstore.Store, func() error, error) {
@@ -250,11 +272,11 @@ func openSQLiteUnmigrated(path string, cfg *idemsqlite.Config) (idemstore.Store,
 }
 
 func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Store, func() error, error) {
-	pcfg, schema, err := ParsePostgres(rawURL)
+	pcfg, opts, err := parsePostgres(rawURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := &idempgx.Config{Schema: schema, Partitions: o.Partitions}
+	cfg := &idempgx.Config{Schema: opts.schema, Partitions: o.Partitions, GroupCommit: opts.groupCommit}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)

@@ -1,0 +1,214 @@
+package idempgx
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// maxGroup bounds the statements of one group.
+const maxGroup = 16
+
+// grouper sends the hot statements of concurrent calls (reserve, complete)
+// together (Config.GroupCommit): a group is one write to one connection and
+// one implicit transaction, so its statements share one commit, one WAL
+// flush and one wake-up of the backend, on both sides.
+//
+// At most flights groups are in flight at once, a quarter of the pool's
+// connections (at least one): fewer flights make larger groups, and more
+// connections stay free for the store's other statements. A call that finds a flight
+// free leads at once: it sends itself and whatever calls are queued, so a
+// quiet store sends every statement alone, as without grouping. A call that
+// finds every flight busy queues; a leader that is done hands its flight to
+// the first queued call, which leads the queue.
+//
+// A group commits or rolls back as a whole. When the server refuses one of
+// its statements (a *pgconn.PgError: the transaction rolled back, nothing of
+// it was written), every call of the group runs its statement again alone.
+// Any other error (the connection failed) is every call's: as with a
+// statement sent alone, its outcome is unknown. Statements are sent in the
+// order of their identities, the only rows they lock, so that two groups
+// never wait for each other's locks in opposite orders.
+type grouper struct {
+	pool    *pgxpool.Pool
+	flights int
+
+	mu     sync.Mutex
+	active int // flights in use
+	queue  []*groupCall
+
+	grouped atomic.Int64 // statements sent in groups of two or more
+}
+
+// groupCall is one statement of a group: it returns one row, scanned into
+// dest.
+type groupCall struct {
+	id   idemstore.Identity
+	sql  string
+	args []any
+	dest []any
+	err  error
+	// deadline is the caller's context's, if it has one.
+	deadline    time.Time
+	hasDeadline bool
+	// wake receives true when err and dest are set, false when the call
+	// is handed a flight to lead.
+	wake chan bool
+}
+
+func newGrouper(pool *pgxpool.Pool) *grouper {
+	return &grouper{pool: pool, flights: max(1, int(pool.Config().MaxConns)/4)}
+}
+
+// queryRow runs sql, which returns one row, with args, and scans the row
+// into dest, in a group with concurrent calls. It returns pgx.ErrNoRows when
+// the statement returned no row.
+func (g *grouper) queryRow(ctx context.Context, id idemstore.Identity, sql string, dest []any, args ...any) error {
+	c := &groupCall{id: id, sql: sql, args: args, dest: dest, wake: make(chan bool, 1)}
+	c.deadline, c.hasDeadline = ctx.Deadline()
+	g.mu.Lock()
+	if g.active < g.flights {
+		g.active++
+		g.mu.Unlock()
+		return g.lead(ctx, c)
+	}
+	g.queue = append(g.queue, c)
+	g.mu.Unlock()
+	select {
+	case done := <-c.wake:
+		if !done {
+			return g.lead(ctx, c)
+		}
+		if errors.Is(c.err, errGroupRolledBack) {
+			return g.alone(ctx, c)
+		}
+		return c.err
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if i := slices.Index(g.queue, c); i >= 0 {
+		g.queue = slices.Delete(g.queue, i, i+1)
+		g.mu.Unlock()
+		return ctx.Err()
+	}
+	g.mu.Unlock()
+	// Taken by a leader, or handed a flight: the flight must go on.
+	if done := <-c.wake; !done {
+		g.handOff()
+	}
+	return ctx.Err()
+}
+
+// errGroupRolledBack marks the calls of a group the server refused.
+var errGroupRolledBack = errors.New("idempgx: statement group rolled back")
+
+// lead sends c and the queued calls (up to maxGroup), delivers their
+// results, and hands the flight on.
+func (g *grouper) lead(ctx context.Context, c *groupCall) error {
+	group := []*groupCall{c}
+	g.mu.Lock()
+	n := min(len(g.queue), maxGroup-1)
+	group = append(group, g.queue[:n]...)
+	g.queue = slices.Delete(g.queue, 0, n)
+	g.mu.Unlock()
+	g.send(ctx, group)
+	for _, o := range group {
+		if o != c {
+			o.wake <- true
+		}
+	}
+	g.handOff()
+	if errors.Is(c.err, errGroupRolledBack) {
+		return g.alone(ctx, c)
+	}
+	return c.err
+}
+
+// handOff gives the caller's flight to the first queued call, or frees it.
+func (g *grouper) handOff() {
+	g.mu.Lock()
+	if len(g.queue) == 0 {
+		g.active--
+		g.mu.Unlock()
+		return
+	}
+	next := g.queue[0]
+	g.queue = slices.Delete(g.queue, 0, 1)
+	g.mu.Unlock()
+	next.wake <- false
+}
+
+// alone runs c's statement by itself.
+func (g *grouper) alone(ctx context.Context, c *groupCall) error {
+	return g.pool.QueryRow(ctx, c.sql, c.args...).Scan(c.dest...)
+}
+
+// send runs group and sets every call's err. A group of one is a plain
+// statement on ctx; a larger one runs on a context that ends at the latest
+// deadline of its calls (leader's ctx values, none of its cancellation: the
+// other calls wait for it).
+func (g *grouper) send(ctx context.Context, group []*groupCall) {
+	if len(group) == 1 {
+		c := group[0]
+		c.err = g.alone(ctx, c)
+		return
+	}
+	gctx := context.WithoutCancel(ctx)
+	var deadline time.Time
+	for _, c := range group {
+		if !c.hasDeadline {
+			deadline = time.Time{}
+			break
+		}
+		if c.deadline.After(deadline) {
+			deadline = c.deadline
+		}
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		gctx, cancel = context.WithDeadline(gctx, deadline)
+		defer cancel()
+	}
+	slices.SortFunc(group, func(a, b *groupCall) int {
+		return cmp.Or(strings.Compare(a.id.Scope, b.id.Scope),
+			strings.Compare(a.id.Endpoint, b.id.Endpoint), strings.Compare(a.id.Key, b.id.Key))
+	})
+	g.grouped.Add(int64(len(group)))
+	b := &pgx.Batch{}
+	for _, c := range group {
+		b.Queue(c.sql, c.args...)
+	}
+	br := g.pool.SendBatch(gctx, b)
+	var refused bool
+	for _, c := range group {
+		c.err = br.QueryRow().Scan(c.dest...)
+		refused = refused || isPgError(c.err)
+	}
+	err := br.Close()
+	refused = refused || isPgError(err)
+	for _, c := range group {
+		switch {
+		case refused:
+			c.err = errGroupRolledBack
+		case err != nil:
+			c.err = err
+		}
+	}
+}
+
+// isPgError reports whether err is an error the server reported.
+func isPgError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
+}

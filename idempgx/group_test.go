@@ -1,0 +1,162 @@
+package idempgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idem-dev/idem/idemstore"
+)
+
+// groupOf sends calls in one group on g (one flight): the first call holds
+// the flight until every other call has queued.
+func groupOf(t *testing.T, g *grouper, calls []func(context.Context) error) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	// The blocker takes the flight and waits until the others queued.
+	blocked := make(chan struct{})
+	wg.Go(func() {
+		var one int
+		err := g.queryRow(ctx, idemstore.Identity{}, `SELECT 1 FROM pg_sleep(0.3)`, []any{&one})
+		if err != nil {
+			t.Errorf("blocker: %v", err)
+		}
+	})
+	go func() {
+		for {
+			g.mu.Lock()
+			n := g.active
+			g.mu.Unlock()
+			if n == 1 {
+				close(blocked)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	<-blocked
+	for i, call := range calls {
+		wg.Go(func() { errs[i] = call(ctx) })
+	}
+	wg.Wait()
+	if g.grouped.Load() == 0 {
+		t.Error("no statements were grouped")
+	}
+	return errs
+}
+
+// TestGroupCommitRolledBackGroupRunsAlone checks that when the server
+// refuses one statement of a group, which rolls the whole group back, the
+// others run again alone and take effect, and the refused one returns the
+// server's error.
+func TestGroupCommitRolledBackGroupRunsAlone(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	ctx := t.Context()
+	table := s.schema + ".group_test"
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE "+table+" (n integer PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	g := newGrouper(s.pool)
+	g.flights = 1
+	const n = 6
+	var calls []func(context.Context) error
+	for i := range n {
+		calls = append(calls, func(ctx context.Context) error {
+			var got int
+			id := idemstore.Identity{Key: fmt.Sprint(i)}
+			if i == 3 { // division by zero: the server refuses it
+				return g.queryRow(ctx, id, "SELECT 1 / $1::integer", []any{&got}, 0)
+			}
+			return g.queryRow(ctx, id, "INSERT INTO "+table+" VALUES ($1) RETURNING n", []any{&got}, i)
+		})
+	}
+	errs := groupOf(t, g, calls)
+	for i, err := range errs {
+		var pgErr *pgconn.PgError
+		switch {
+		case i == 3 && !(errors.As(err, &pgErr) && pgErr.Code == "22012"):
+			t.Errorf("call %d: %v, want division by zero", i, err)
+		case i != 3 && err != nil:
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	var rows int
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n-1 {
+		t.Errorf("%d rows inserted, want %d", rows, n-1)
+	}
+}
+
+// TestGroupCommitNoRows checks that a statement of a group that returns no
+// row gets pgx.ErrNoRows without failing its group.
+func TestGroupCommitNoRows(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	g := newGrouper(s.pool)
+	g.flights = 1
+	var calls []func(context.Context) error
+	for i := range 4 {
+		calls = append(calls, func(ctx context.Context) error {
+			var got int
+			return g.queryRow(ctx, idemstore.Identity{Key: fmt.Sprint(i)},
+				"SELECT $1::integer WHERE $1::integer % 2 = 0", []any{&got}, i)
+		})
+	}
+	for i, err := range groupOf(t, g, calls) {
+		if want := i%2 == 0; want != (err == nil) || (err != nil && !errors.Is(err, pgx.ErrNoRows)) {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+}
+
+// TestGroupCommitReserveComplete reserves and completes many keys at once
+// through grouped statements, and replays them.
+func TestGroupCommitReserveComplete(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	s.group = newGrouper(s.pool)
+	s.group.flights = 1
+	ctx := t.Context()
+	resp := sampleResponse()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: fmt.Sprint("k", i%20)}
+			tok := fmt.Sprint("t", i)
+			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: fp1, Token: tok, Lease: lease, TTL: ttl})
+			if err != nil {
+				t.Errorf("KeyReserve %d: %v", i, err)
+				return
+			}
+			if !res.Reserved {
+				return // the other request of the key has it
+			}
+			if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: tok, Response: resp}); err != nil {
+				t.Errorf("KeyComplete %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if s.group.grouped.Load() == 0 {
+		t.Error("no statements were grouped")
+	}
+	for i := range 20 {
+		id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: fmt.Sprint("k", i)}
+		res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: fp1, Token: "again", Lease: lease, TTL: ttl})
+		if err != nil || res.Reserved || res.Record.State != idemstore.StateCompleted {
+			t.Errorf("replay of %s: %v, %+v", id.Key, err, res)
+		}
+	}
+}
