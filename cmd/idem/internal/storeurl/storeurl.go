@@ -169,8 +169,11 @@ func ParseSQLite(rawURL string) (path string, cfg idemsqlite.Config, err error) 
 // connections are not free either: every statement then wakes a backend of
 // its own, which costs the server CPU on every replay. Measured end to end
 // (BENCHMARKS.md, section 5), 8 connections gave new keys the throughput of
-// 16 and replays about the server CPU of 4. Connections are opened as
-// requests need them.
+// 16 and replays about the server CPU of 4. With group commit (the
+// default, ?group_commit=), a quarter of them carry the groups of reserve
+// and completion statements and the rest serve the other statements; 16
+// then cost the server about a quarter more CPU per new key and per replay
+// than 8. Connections are opened as requests need them.
 const DefaultPostgresMaxConns = 8
 
 // ParsePostgres reads a postgres:// URL into a pool configuration and the
