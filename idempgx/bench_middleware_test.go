@@ -70,7 +70,10 @@ type pgBench struct {
 	mw   http.Handler
 }
 
-func newPGBench(b *testing.B) *pgBench {
+func newPGBench(b *testing.B) *pgBench { return newPGBenchWith(b, false) }
+
+// newPGBenchWith is newPGBench with Config.GroupCommit set to groupCommit.
+func newPGBenchWith(b *testing.B, groupCommit bool) *pgBench {
 	b.Helper()
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
 	if err != nil {
@@ -87,7 +90,7 @@ func newPGBench(b *testing.B) *pgBench {
 	var r [6]byte
 	rand.Read(r[:])
 	schema := "idem_bench_" + hex.EncodeToString(r[:])
-	store := idempgx.New(pool, &idempgx.Config{Schema: schema})
+	store := idempgx.New(pool, &idempgx.Config{Schema: schema, GroupCommit: groupCommit})
 	b.Cleanup(func() {
 		store.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -135,7 +138,16 @@ func (p *pgBench) learn(b *testing.B) (reserve, complete recordedStmt) {
 // BenchmarkMiddlewarePGNewKey sends requests with new keys through the
 // middleware on PostgreSQL: reserve, handler, complete.
 func BenchmarkMiddlewarePGNewKey(b *testing.B) {
-	p := newPGBench(b)
+	benchMiddlewarePGNewKey(b, newPGBench(b))
+}
+
+// BenchmarkMiddlewarePGNewKeyGroupCommit is BenchmarkMiddlewarePGNewKey
+// with Config.GroupCommit.
+func BenchmarkMiddlewarePGNewKeyGroupCommit(b *testing.B) {
+	benchMiddlewarePGNewKey(b, newPGBenchWith(b, true))
+}
+
+func benchMiddlewarePGNewKey(b *testing.B, p *pgBench) {
 	p.learn(b)
 	var n atomic.Int64
 	b.SetParallelism(pgBenchParallelism)
@@ -152,7 +164,16 @@ func BenchmarkMiddlewarePGNewKey(b *testing.B) {
 // BenchmarkMiddlewarePGReplay replays one completed key through the
 // middleware on PostgreSQL: one reserve statement that reads the record.
 func BenchmarkMiddlewarePGReplay(b *testing.B) {
-	p := newPGBench(b)
+	benchMiddlewarePGReplay(b, newPGBench(b))
+}
+
+// BenchmarkMiddlewarePGReplayGroupCommit is BenchmarkMiddlewarePGReplay
+// with Config.GroupCommit.
+func BenchmarkMiddlewarePGReplayGroupCommit(b *testing.B) {
+	benchMiddlewarePGReplay(b, newPGBenchWith(b, true))
+}
+
+func benchMiddlewarePGReplay(b *testing.B, p *pgBench) {
 	p.learn(b)
 	b.SetParallelism(pgBenchParallelism)
 	b.ReportAllocs()
