@@ -160,3 +160,47 @@ func TestGroupCommitReserveComplete(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupCommitCanceledWhileQueued checks that a call whose context ends
+// while it waits for a flight returns at once with the context's error, and
+// that the flight goes on for the others.
+func TestGroupCommitCanceledWhileQueued(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	g := newGrouper(s.pool)
+	g.flights = 1
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var one int
+		if err := g.queryRow(ctx, idemstore.Identity{}, `SELECT 1 FROM pg_sleep(0.5)`, []any{&one}); err != nil {
+			t.Errorf("blocker: %v", err)
+		}
+	})
+	for {
+		g.mu.Lock()
+		n := g.active
+		g.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	var got int
+	start := time.Now()
+	err := g.queryRow(short, idemstore.Identity{Key: "a"}, "SELECT 1", []any{&got})
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 400*time.Millisecond {
+		t.Errorf("queued call with an ended context: %v after %v, want its deadline at once", err, time.Since(start))
+	}
+	if err := g.queryRow(ctx, idemstore.Identity{Key: "b"}, "SELECT 2", []any{&got}); err != nil || got != 2 {
+		t.Errorf("call after the canceled one: %d, %v", got, err)
+	}
+	wg.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.active != 0 || len(g.queue) != 0 {
+		t.Errorf("after every call: %d flights in use, %d calls queued; want none", g.active, len(g.queue))
+	}
+}
