@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemprom"
+)
+
+// benchBody is the request of scripts/bench/proxy.sh.
+const benchBody = `{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}`
+
+// benchKeys bounds the records of the memory store in the new-key
+// benchmark: keys are reused in turns and the store's clock jumps past the
+// TTL at every turn, so the store stays at benchKeys records (as a store
+// with a reaper does) instead of growing with b.N.
+const benchKeys = 10000
+
+// benchUpstream answers as the end-to-end benchmark's upstream
+// (cmd/idem/internal/loadgen/upstream): 201 and a JSON echo.
+func benchUpstream(b *testing.B) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		out, _ := json.Marshal(struct {
+			Method string          `json:"method"`
+			Path   string          `json:"path"`
+			Body   json.RawMessage `json:"body"`
+		}{r.Method, r.URL.EscapedPath(), body})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(out)
+	}))
+	b.Cleanup(up.Close)
+	return up
+}
+
+// benchRequest is a POST /v1/payments of benchBody with key.
+func benchRequest(key string) *http.Request {
+	r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(benchBody))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	return r
+}
+
+// BenchmarkProxy measures the proxy's work per request in one process,
+// upstream included: bare is an httputil.ReverseProxy with the same
+// transport settings (scripts/bench/proxy.sh's baseline), new and replay
+// the proxy behind the idem middleware on the memory store, wired as `idem
+// proxy` wires it (Prometheus metrics, the endpoint by escaped path).
+func BenchmarkProxy(b *testing.B) {
+	up := benchUpstream(b)
+	target, err := url.Parse(up.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	newIdem := func(store *idemmem.Store) http.Handler {
+		p := New(target, &Config{Logger: quietLogger()})
+		b.Cleanup(p.CloseIdleConnections)
+		return idem.New(store, &idem.Config{
+			Logger:   quietLogger(),
+			Metrics:  idemprom.New(prometheus.NewRegistry(), nil),
+			Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
+		})(p)
+	}
+	b.Run("bare", func(b *testing.B) {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		t.MaxIdleConns = 1024
+		b.Cleanup(t.CloseIdleConnections)
+		h := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(target) }, Transport: t}
+		b.ReportAllocs()
+		for b.Loop() {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, benchRequest("k"))
+			if w.Code != http.StatusCreated {
+				b.Fatal(w.Code, w.Body)
+			}
+		}
+	})
+	b.Run("new", func(b *testing.B) {
+		turn := 0
+		epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		h := newIdem(idemmem.New(&idemmem.Config{Now: func() time.Time { return epoch.Add(time.Duration(turn) * 25 * time.Hour) }}))
+		keys := make([]string, min(b.N, benchKeys))
+		for i := range keys {
+			keys[i] = "key-" + strconv.Itoa(i)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			k := i % benchKeys
+			if i > 0 && k == 0 {
+				turn++ // the records of the previous turn expire
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, benchRequest(keys[k]))
+			if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
+				b.Fatal(w.Code, w.Body)
+			}
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		h := newIdem(idemmem.New(nil))
+		h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
+		b.ReportAllocs()
+		for b.Loop() {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, benchRequest("replayed"))
+			if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
+				b.Fatal(w.Code, w.Body)
+			}
+		}
+	})
+}
