@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -105,6 +106,7 @@ func New(upstream *url.URL, cfg *Config) *Handler {
 		Rewrite:      h.rewrite,
 		Transport:    h.cfg.Transport,
 		ErrorHandler: h.fail,
+		BufferPool:   copyBuffers,
 	}
 	return h
 }
@@ -201,6 +203,32 @@ func writeProblem(w http.ResponseWriter, typeBase string, status int, code, deta
 	hdr.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// copyBufferSize is the size of the buffers ReverseProxy copies response
+// bodies with: its own default.
+const copyBufferSize = 32 << 10
+
+// copyBuffers recycles ReverseProxy's copy buffers. Without a pool every
+// response gets a fresh 32 KiB buffer: most of what the proxy allocated per
+// request, and so most of its garbage collection.
+var copyBuffers = &bufferPool{}
+
+// bufferPool is an httputil.BufferPool of copyBufferSize buffers. It pools
+// array pointers, so that Put does not allocate.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return buf[:]
+	}
+	return new([copyBufferSize]byte)[:]
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf))
+	}
 }
 
 // flushGate lets ReverseProxy flush only event streams. ReverseProxy flushes
