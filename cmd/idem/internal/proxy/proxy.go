@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/deadline"
 	"github.com/idem-dev/idem/internal/redact"
 )
 
@@ -118,8 +119,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The detached context keeps the request's values (the middleware's
 	// state) and drops its cancellation. Its deadline also keeps
 	// ReverseProxy from watching CloseNotify, which would cancel on hang-up.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.cfg.Timeout)
-	defer cancel()
+	// It expires on the process's shared alarm list rather than on a
+	// runtime timer of its own: one allocation, no timer per request.
+	ctx, release := deadline.WithTimeout(deadline.Wall, r.Context(), h.cfg.Timeout)
+	defer release()
 	h.rp.ServeHTTP(flushGate{w}, r.WithContext(ctx))
 }
 

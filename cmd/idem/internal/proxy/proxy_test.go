@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -218,6 +219,66 @@ func TestUpstreamTimeoutIs504AndUnknown(t *testing.T) {
 	h := protect(p)
 	assertProblem(t, post(h, "k"), http.StatusGatewayTimeout, CodeUpstreamTimeout)
 	assertProblem(t, post(h, "k"), http.StatusConflict, idem.CodeOutcomeUnknown)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("upstream called %d times, want 1", n)
+	}
+}
+
+// An upstream whose answer is still arriving when Config.Timeout ends has
+// acted: the exchange is cut off (ReverseProxy aborts the answer) and the
+// key's outcome is unknown.
+func TestUpstreamTimeoutMidBodyIsUnknown(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(1<<20))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(bytes.Repeat([]byte("x"), 4096))
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second): // bound a broken timeout
+		}
+	}))
+	defer up.Close()
+	defer close(release)
+
+	p := New(mustURL(t, up.URL), &Config{Timeout: 100 * time.Millisecond, Logger: quietLogger()})
+	defer p.CloseIdleConnections()
+	// Through a server: ReverseProxy aborts an answer only there.
+	front := httptest.NewUnstartedServer(protect(p))
+	front.Config.ErrorLog = log.New(io.Discard, "", 0)
+	front.Start()
+	defer front.Close()
+	send := func() (*http.Response, []byte, error) {
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/v1/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp, body, err
+	}
+	start := time.Now()
+	if _, _, err := send(); err == nil {
+		t.Fatal("the client got a whole answer although the upstream timed out mid-body")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the exchange took %s, want it cut off at the timeout", d)
+	}
+	resp, body, err := send()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), idem.CodeOutcomeUnknown) {
+		t.Errorf("retry: %d %s, want 409 %s", resp.StatusCode, body, idem.CodeOutcomeUnknown)
+	}
 	if n := calls.Load(); n != 1 {
 		t.Errorf("upstream called %d times, want 1", n)
 	}
