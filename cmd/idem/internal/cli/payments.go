@@ -334,7 +334,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		defer stopDemo()
 		demoDone.Go(func() { showReplay(demoCtx, e, api, tokens[demoTenant]) })
 	}
-	err = serveWith(ctx, e, ln, svc.Handler(), o.guards.bodyTimeout)
+	err = serveWith(ctx, e, ln, svc.Handler(), o.guards.bodyTimeout, nil)
 	demoDone.Wait()
 	return err
 }

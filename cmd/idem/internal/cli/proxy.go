@@ -284,5 +284,21 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 		"encryption_keys", keyNames(keyring),
 		"redact_json_fields", strings.Join(o.redact, ","),
 	)
-	return serveWith(ctx, e, ln, idem.New(store, cfg)(upstream), o.guards.bodyTimeout)
+	return serveWith(ctx, e, ln, idem.New(store, cfg)(upstream), o.guards.bodyTimeout, o.middlewareReads())
+}
+
+// middlewareReads returns the function that reports whether the
+// middleware reads a request's body itself, under its own read deadline
+// (Config.BodyTimeout, the same bound as the server's): a covered method,
+// compared as the middleware compares it, with an Idempotency-Key. The
+// middleware may still refuse such a request before its body (a key it
+// does not accept); bodyDeadline bounds the rest of the body then.
+func (o *proxyOptions) middlewareReads() func(*http.Request) bool {
+	methods := make([]string, len(o.methods))
+	for i, m := range o.methods {
+		methods[i] = strings.ToUpper(m)
+	}
+	return func(r *http.Request) bool {
+		return len(r.Header[idem.HeaderKey]) > 0 && slices.Contains(methods, r.Method)
+	}
 }

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem"
 )
 
 // send makes a request to the proxy with an Idempotency-Key (unless
@@ -251,6 +253,17 @@ func TestProxyBodyTimeout(t *testing.T) {
 	}
 	if r, _ := send(t, "POST", base+"/v1/pay", "slow", ""); r.StatusCode != http.StatusCreated {
 		t.Errorf("the same key sent promptly: %d, want 201 (the slow body must not have held it)", r.StatusCode)
+	}
+
+	// A protected request the middleware refuses before reading its body
+	// (a key too long): the body left over is bounded too.
+	long := strings.Repeat("k", idem.MaxKeyLength+1)
+	resp, took = slowRequest(t, addr, "POST /v1/pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: "+long+"\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n")
+	if resp == nil || resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("slow body with an invalid key: %v after %s, want 400", resp, took)
+	}
+	if took > 10*time.Second {
+		t.Errorf("slow body with an invalid key held the connection %s, want it cut off at about 300ms", took)
 	}
 
 	// PUT is not protected: it streams to the upstream, and is cut off.

@@ -19,7 +19,7 @@ import (
 // The caller closes its store after serve returns: no handler runs then,
 // unless the drain ran out of time.
 func serve(ctx context.Context, e *env, ln net.Listener, h http.Handler) error {
-	return serveWith(ctx, e, ln, h, idem.DefaultBodyTimeout)
+	return serveWith(ctx, e, ln, h, idem.DefaultBodyTimeout, nil)
 }
 
 // Server limits of every serving command.
@@ -38,9 +38,13 @@ const (
 // would also start counting during the handler: net/http then cancels the
 // request's context) and no WriteTimeout (an upstream may take its own
 // timeout to answer, and a large answer its time to stream).
-func serveWith(ctx context.Context, e *env, ln net.Listener, h http.Handler, bodyTimeout time.Duration) error {
+//
+// bounds, when not nil, reports the requests whose body h reads under a
+// read deadline of its own, of the same bound (the idem middleware's
+// Config.BodyTimeout): see bodyDeadline.
+func serveWith(ctx context.Context, e *env, ln net.Listener, h http.Handler, bodyTimeout time.Duration, bounds func(*http.Request) bool) error {
 	srv := &http.Server{
-		Handler:           bodyDeadline(h, bodyTimeout),
+		Handler:           bodyDeadline(h, bodyTimeout, bounds),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
@@ -75,16 +79,49 @@ func serveWith(ctx context.Context, e *env, ln net.Listener, h http.Handler, bod
 // body has been read to its end. The idem middleware sets its own (the same
 // bound) and answers 408; for a request it does not protect, a body still
 // arriving at the deadline fails to read, and the connection is closed.
-func bodyDeadline(h http.Handler, d time.Duration) http.Handler {
+//
+// A request for which bounds reports true has its body read by h under a
+// deadline of h's own, which h lifts: setting one here too, and lifting it,
+// would only cost the connection's timer lock twice more per request. Only
+// when h answered without reading the body to its end (the middleware
+// refused the request before reading it) does the deadline start here,
+// when h returns: net/http then reads what is left of the body (up to 256
+// KiB) before it answers, and a client must not hold it there.
+func bodyDeadline(h http.Handler, d time.Duration, bounds func(*http.Request) bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body != nil && r.Body != http.NoBody && d > 0 {
-			rc := http.NewResponseController(w)
-			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				r.Body = &liftOnEOF{ReadCloser: r.Body, rc: rc}
+		if r.Body == nil || r.Body == http.NoBody || d <= 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if bounds != nil && bounds(r) {
+			body := &seesEOF{ReadCloser: r.Body}
+			r.Body = body
+			h.ServeHTTP(w, r)
+			if !body.eof {
+				_ = rc.SetReadDeadline(time.Now().Add(d))
 			}
+			return
+		}
+		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+			r.Body = &liftOnEOF{ReadCloser: r.Body, rc: rc}
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// seesEOF reports whether the body was read to its end.
+type seesEOF struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *seesEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
 }
 
 // liftOnEOF lifts the connection's read deadline when the body ends, so that
