@@ -65,6 +65,9 @@ func (r *recorder) Write(p []byte) (int, error) {
 		}
 		return r.sawErr(r.w.Write(p))
 	}
+	if r.buf == nil {
+		r.buf = r.sized(len(p))
+	}
 	r.buf = append(r.buf, p...)
 	return len(p), nil
 }
@@ -83,8 +86,28 @@ func (r *recorder) WriteString(s string) (int, error) {
 		}
 		return r.sawErr(io.WriteString(r.w, s))
 	}
+	if r.buf == nil {
+		r.buf = r.sized(len(s))
+	}
 	r.buf = append(r.buf, s...)
 	return len(s), nil
+}
+
+// sized returns the buffer for a response whose first write is n bytes:
+// with room for the whole body when the handler declared a larger
+// Content-Length within the limit (a proxied answer arrives in reads of up
+// to 32 KiB, and growing the buffer read by read would allocate about
+// twice the body), else nil, for append to size.
+func (r *recorder) sized(n int) []byte {
+	cl := r.w.Header()["Content-Length"] // h.Get without canonicalising
+	if len(cl) != 1 {
+		return nil
+	}
+	size, err := strconv.ParseInt(cl[0], 10, 64)
+	if err != nil || size <= int64(n) || size > r.max {
+		return nil
+	}
+	return make([]byte, 0, size)
 }
 
 // stream sends what is buffered and switches to pass-through.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -65,7 +66,11 @@ func BenchmarkProxy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	newIdem := func(store *idemmem.Store) http.Handler {
+	newIdem := func(up *httptest.Server, store *idemmem.Store) http.Handler {
+		target, err := url.Parse(up.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
 		p := New(target, &Config{Logger: quietLogger()})
 		b.Cleanup(p.CloseIdleConnections)
 		return idem.New(store, &idem.Config{
@@ -89,20 +94,19 @@ func BenchmarkProxy(b *testing.B) {
 			}
 		}
 	})
-	b.Run("new", func(b *testing.B) {
-		turn := 0
-		epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-		h := newIdem(idemmem.New(&idemmem.Config{Now: func() time.Time { return epoch.Add(time.Duration(turn) * 25 * time.Hour) }}))
-		keys := make([]string, min(b.N, benchKeys))
+	// newKeys runs first requests through h, with n keys in turns; the
+	// memory store's clock is turn's.
+	newKeys := func(b *testing.B, h http.Handler, turn *int, n int) {
+		keys := make([]string, min(b.N, n))
 		for i := range keys {
 			keys[i] = "key-" + strconv.Itoa(i)
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			k := i % benchKeys
+			k := i % n
 			if i > 0 && k == 0 {
-				turn++ // the records of the previous turn expire
+				*turn++ // the records of the previous turn expire
 			}
 			w := httptest.NewRecorder()
 			h.ServeHTTP(w, benchRequest(keys[k]))
@@ -110,9 +114,32 @@ func BenchmarkProxy(b *testing.B) {
 				b.Fatal(w.Code, w.Body)
 			}
 		}
+	}
+	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clocked := func(turn *int) *idemmem.Store {
+		return idemmem.New(&idemmem.Config{Now: func() time.Time { return epoch.Add(time.Duration(*turn) * 25 * time.Hour) }})
+	}
+	b.Run("new", func(b *testing.B) {
+		turn := 0
+		newKeys(b, newIdem(up, clocked(&turn)), &turn, benchKeys)
+	})
+	b.Run("new-64KiB", func(b *testing.B) {
+		// A larger answer, which arrives in several reads; fewer keys, so
+		// that the store's records stay at 32 MiB.
+		large := bytes.Repeat([]byte("x"), 64<<10)
+		big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Content-Length", strconv.Itoa(len(large)))
+			w.WriteHeader(http.StatusCreated)
+			w.Write(large)
+		}))
+		b.Cleanup(big.Close)
+		turn := 0
+		newKeys(b, newIdem(big, clocked(&turn)), &turn, 500)
 	})
 	b.Run("replay", func(b *testing.B) {
-		h := newIdem(idemmem.New(nil))
+		h := newIdem(up, idemmem.New(nil))
 		h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
 		b.ReportAllocs()
 		for b.Loop() {
