@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ func BenchmarkReserve(b *testing.B) {
 			s := openStore(b, &idemsqlite.Config{Synchronous: sync})
 			ctx := b.Context()
 			i := 0
+			defer reportCPU(b)()
 			for b.Loop() {
 				i++
 				_, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
@@ -43,6 +45,7 @@ func BenchmarkReserveParallel(b *testing.B) {
 	ctx := b.Context()
 	var n atomic.Int64
 	b.SetParallelism(16)
+	defer reportCPU(b)()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			_, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
@@ -91,6 +94,7 @@ func BenchmarkGetCompleted(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	s, id := completedStore(b)
 	ctx := b.Context()
+	defer reportCPU(b)()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
@@ -129,6 +133,7 @@ func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
 	h := idem.New(s, nil)(benchkit.Handler)
 	var n atomic.Int64
 	b.SetParallelism(16)
+	defer reportCPU(b)()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
@@ -147,5 +152,23 @@ func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
 func reportBatches(b *testing.B, s *idemsqlite.Store) {
 	if commits, writes := idemsqlite.BatchStats(s); commits > 0 {
 		b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+	}
+}
+
+// reportCPU starts measuring the process's CPU time (user and system: the
+// store runs in the process, its fsyncs included) and returns the function
+// that reports it per op: under load, wall time per op hides what a write
+// costs while it waits for a commit.
+func reportCPU(b *testing.B) (stop func()) {
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start := cpu()
+	return func() {
+		b.ReportMetric(float64((cpu()-start).Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }

@@ -16,8 +16,8 @@ const (
 	// selectKey reads a record as stored, even past its retention.
 	selectKey = `SELECT ` + recordColumns + ` FROM idem_keys WHERE ` + identityWhere
 
-	// insertKey creates a new in_progress record, replacing an expired one.
-	// ?4 fingerprint, ?5 token, ?6 locked_until, ?7 now,
+	// insertKey creates a new in_progress record, replacing an expired one;
+	// it changes no row when the key holds a live record. ?4 fingerprint, ?5 token, ?6 locked_until, ?7 now,
 	// ?8 lease_expired_state, ?9 expires_at, ?10 ttl.
 	insertKey = `INSERT INTO idem_keys (scope, endpoint, key, fingerprint, state, token, locked_until,
 		started_at, lease_expired_state, attempts, created_at, updated_at, expires_at, ttl)
@@ -44,11 +44,10 @@ const (
 		reconcile_error = ''
 	WHERE idem_keys.expires_at <= excluded.created_at AND idem_keys.state <> 'unknown'
 		AND NOT (idem_keys.state = 'in_progress' AND idem_keys.locked_until <= excluded.created_at
-			AND idem_keys.lease_expired_state = 'unknown')
-	RETURNING ` + recordColumns
+			AND idem_keys.lease_expired_state = 'unknown')`
 
 	// takeoverKey starts a new attempt on a released record (or one whose
-	// expired lease turns released). ?4 token, ?5 locked_until, ?6 now,
+	// expired lease turns released, which KeyReserve checked). ?4 token, ?5 locked_until, ?6 now,
 	// ?7 lease_expired_state.
 	takeoverKey = `UPDATE idem_keys SET
 		state = 'in_progress',

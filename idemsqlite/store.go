@@ -291,8 +291,11 @@ func needsWrite(r *idemstore.Record, p *idemstore.ReserveParams, now time.Time) 
 
 // KeyReserve implements idemstore.Store. A record that needs no write (a
 // replay, a key in use, a reused key) is answered from the read pool without
-// taking the write lock; otherwise one IMMEDIATE transaction reads and
-// writes the record.
+// taking the write lock; otherwise one write of the group commit makes the
+// reservation. A key the read found free (the common case: a new key) is
+// inserted at once, by a statement that also replaces an expired record and
+// does nothing to a live one, which the write then reads and settles as a
+// key found taken would be.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	now := s.now()
 	r, err := getRaw(ctx, s.reader(), p.Identity, now)
@@ -303,45 +306,77 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		return &idemstore.ReserveResult{Record: r}, nil
 	}
 
+	free := r == nil
 	var res *idemstore.ReserveResult
 	err = s.writeTx(ctx, func(ctx context.Context, tx querier) error {
 		now := s.now()
+		if free {
+			// Another write may have taken the key since the read: then the
+			// insert changes nothing and the record is read below.
+			r, err := s.insert(ctx, tx, p, now)
+			if err != nil || r != nil {
+				res = &idemstore.ReserveResult{Reserved: r != nil, Record: r}
+				return err
+			}
+		}
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		if err != nil {
 			return err
 		}
-		les := leaseExpiredState(p.LeaseExpiredState)
 		if r == nil {
-			r, err = scanRecord(tx.QueryRowContext(ctx, insertKey, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
-				micros(now.Add(p.Lease)), micros(now), string(les), micros(now.Add(p.TTL)), p.TTL.Microseconds()))
-			if err != nil {
-				return err
+			if r, err = s.insert(ctx, tx, p, now); err == nil && r == nil {
+				err = fmt.Errorf("record %s is neither live nor replaceable", p.Identity.LogHash())
 			}
 			res = &idemstore.ReserveResult{Reserved: true, Record: r}
-			return nil
-		}
-		if r.LeaseExpired(now) {
-			r, err = scanRecord(tx.QueryRowContext(ctx, expireLease, p.Scope, p.Endpoint, p.Key, micros(now)))
-			if err != nil {
-				return err
-			}
-		}
-		if r.State != idemstore.StateReleased || r.Fingerprint != p.Fingerprint {
-			res = &idemstore.ReserveResult{Record: r}
-			return nil
-		}
-		r, err = scanRecord(tx.QueryRowContext(ctx, takeoverKey, p.Scope, p.Endpoint, p.Key, p.Token,
-			micros(now.Add(p.Lease)), micros(now), string(les)))
-		if err != nil {
 			return err
 		}
-		res = &idemstore.ReserveResult{Reserved: true, Record: r}
-		return nil
+		// Each branch writes at most once, so that a write that fails
+		// leaves nothing behind (see batcher).
+		takeover := r.Fingerprint == p.Fingerprint && (r.State == idemstore.StateReleased ||
+			r.LeaseExpired(now) && leaseExpiredState(r.LeaseExpiredState) == idemstore.StateReleased)
+		switch {
+		case takeover: // takeoverKey also takes an expired lease that turns released
+			r, err = scanRecord(tx.QueryRowContext(ctx, takeoverKey, p.Scope, p.Endpoint, p.Key, p.Token,
+				micros(now.Add(p.Lease)), micros(now), string(leaseExpiredState(p.LeaseExpiredState))))
+		case r.LeaseExpired(now):
+			r, err = scanRecord(tx.QueryRowContext(ctx, expireLease, p.Scope, p.Endpoint, p.Key, micros(now)))
+		}
+		res = &idemstore.ReserveResult{Reserved: takeover, Record: r}
+		return err
 	})
 	if err != nil {
 		return nil, interpretError("reserving key", err)
 	}
 	return res, nil
+}
+
+// insert creates p's record at now, replacing an expired one, and returns
+// it, or nil when the key holds a live record (which it leaves as it is).
+func (s *Store) insert(ctx context.Context, tx querier, p *idemstore.ReserveParams, now time.Time) (*idemstore.Record, error) {
+	les := leaseExpiredState(p.LeaseExpiredState)
+	r := &idemstore.Record{
+		Identity:          p.Identity,
+		Fingerprint:       p.Fingerprint,
+		State:             idemstore.StateInProgress,
+		Token:             p.Token,
+		LockedUntil:       fromMicros(micros(now.Add(p.Lease))),
+		StartedAt:         now,
+		LeaseExpiredState: les,
+		Attempts:          1,
+		CreatedAt:         now,
+		UpdatedAt:         now,
+		ExpiresAt:         fromMicros(micros(now.Add(p.TTL))),
+		TTL:               time.Duration(p.TTL.Microseconds()) * time.Microsecond,
+	}
+	res, err := tx.ExecContext(ctx, insertKey, p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+		micros(r.LockedUntil), micros(now), string(les), micros(r.ExpiresAt), p.TTL.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return nil, err
+	}
+	return r, nil
 }
 
 // writeTx runs f in a write transaction, which it may share with other
