@@ -262,6 +262,90 @@ func TestGroupCommitFailureIsolated(t *testing.T) {
 	}
 }
 
+// TestGroupCommitAtomicWrites: the store's one-statement writes run
+// without savepoints. One that loses its fence wrote nothing and the batch
+// goes on; one whose statement fails (a constraint) makes the batch run its
+// other writes again in a new transaction: it fails alone, the others
+// commit once, in one commit, each having seen the ones before it.
+func TestGroupCommitAtomicWrites(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, nil)
+	ctx := t.Context()
+	id := func(key string) idemstore.Identity { return reserveParams(key, "").Identity }
+	for _, key := range []string{"fenced", "bad-status", "done"} {
+		reserve(t, s, id(key), "t-"+key)
+	}
+	complete := func(key, token string, status int) func() (*idemstore.ReserveResult, error) {
+		return func() (*idemstore.ReserveResult, error) {
+			return nil, s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id(key), Token: token,
+				Response: &idemstore.Response{Status: status, Body: []byte(key)}})
+		}
+	}
+	reserveKey := func(key, token string) func() (*idemstore.ReserveResult, error) {
+		return func() (*idemstore.ReserveResult, error) { return s.KeyReserve(ctx, reserveParams(key, token)) }
+	}
+	// batch runs ops as one batch, in their order, and returns their results.
+	batch := func(ops ...func() (*idemstore.ReserveResult, error)) ([]*idemstore.ReserveResult, []error) {
+		wait, release := holdWriter(t, s)
+		res, errs := make([]*idemstore.ReserveResult, len(ops)), make([]error, len(ops))
+		var wg sync.WaitGroup
+		for i, op := range ops {
+			wg.Go(func() { res[i], errs[i] = op() })
+			wait(i + 1)
+		}
+		commits0, writes0 := idemsqlite.BatchStats(s)
+		release()
+		wg.Wait()
+		if commits, n := idemsqlite.BatchStats(s); commits-commits0 != 1 || n-writes0 != int64(len(ops)) {
+			t.Fatalf("%d writes in %d commits, want %d in one", n-writes0, commits-commits0, len(ops))
+		}
+		return res, errs
+	}
+
+	_, errs := batch(complete("fenced", "stale", http.StatusCreated), complete("done", "t-done", http.StatusCreated))
+	if !errors.Is(errs[0], idemstore.ErrLeaseLost) || errs[1] != nil {
+		t.Fatalf("a lost fence, then a completion: %v; want ErrLeaseLost, nil", errs)
+	}
+	if n := idemsqlite.BatchReruns(s); n != 0 {
+		t.Fatalf("a batch whose only failure lost its fence ran again (%d)", n)
+	}
+
+	res, errs := batch(reserveKey("a", "t-a1"), complete("fenced", "stale", http.StatusCreated),
+		reserveKey("a", "t-a2"), complete("bad-status", "t-bad-status", 1000), reserveKey("b", "t-b"))
+	for i, err := range errs {
+		switch i {
+		case 1:
+			if !errors.Is(err, idemstore.ErrLeaseLost) {
+				t.Errorf("completing with a stale token: %v; want ErrLeaseLost", err)
+			}
+		case 3:
+			if err == nil || errors.Is(err, idemstore.ErrLeaseLost) {
+				t.Errorf("completing with status 1000: %v; want a constraint error", err)
+			}
+		default:
+			if err != nil {
+				t.Errorf("write %d failed with the batch's others: %v", i, err)
+			}
+		}
+	}
+	if n := idemsqlite.BatchReruns(s); n != 1 {
+		t.Errorf("the batch ran again %d times, want once", n)
+	}
+	if errs[0] == nil && errs[2] == nil && (!res[0].Reserved || res[2].Reserved || res[2].Record.Token != "t-a1") {
+		t.Errorf("two reservations of a new key in one batch: %+v, %+v; want the first to reserve and the second to find it", res[0], res[2])
+	}
+	want := map[string]string{"a": "t-a1", "b": "t-b", "bad-status": "t-bad-status", "fenced": "t-fenced"}
+	for key, token := range want {
+		r, err := s.KeyGet(ctx, id(key))
+		if err != nil || r.State != idemstore.StateInProgress || r.Token != token || r.Response != nil {
+			t.Errorf("%s: %+v, %v; want in progress under %s, without a response", key, r, err, token)
+		}
+	}
+	if r, err := s.KeyGet(ctx, id("done")); err != nil || r.State != idemstore.StateCompleted {
+		t.Errorf("done: %+v, %v; want completed", r, err)
+	}
+}
+
 // TestGroupCommitCancelWhileQueued: a write whose context ends while it
 // waits for the writer returns at once with the context's error and is
 // never run, whether it waits in the queue or leads and waits for the write

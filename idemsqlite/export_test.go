@@ -11,6 +11,10 @@ func BatchStats(s *Store) (commits, writes int64) {
 	return s.batch.commits.Load(), s.batch.writes.Load()
 }
 
+// BatchReruns returns how many times a batch of s ran its writes again after
+// an atomic write failed.
+func BatchReruns(s *Store) int64 { return s.batch.reruns.Load() }
+
 // OnQueued makes s call f with the queue's length whenever a write joins the
 // queue of writes for the writer (the first of them leads the next batch).
 // Call it before using s.
@@ -19,5 +23,5 @@ func OnQueued(s *Store, f func(n int)) { s.batch.queued = f }
 // WriteTx runs f as one write of the store, in a transaction it may share
 // with other writes (group commit).
 func WriteTx(s *Store, ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
-	return s.batch.do(ctx, f)
+	return s.batch.do(ctx, false, f)
 }

@@ -308,7 +308,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 
 	free := r == nil
 	var res *idemstore.ReserveResult
-	err = s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+	err = s.writeTx(ctx, true, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		if free {
 			// Another write may have taken the key since the read: then the
@@ -384,9 +384,12 @@ func (s *Store) insert(ctx context.Context, tx querier, p *idemstore.ReservePara
 // that transaction committed (nil or f's error) or failed. f's writes
 // commit when f succeeds and are undone when it fails; f writes only
 // through tx (which runs the prepared statements through their
-// preparation), with the ctx it is given.
-func (s *Store) writeTx(ctx context.Context, f func(ctx context.Context, tx querier) error) error {
-	return s.batch.do(ctx, func(ctx context.Context, tx *sql.Tx) error {
+// preparation), with the ctx it is given. atomic marks f as a write whose
+// last statement is the only one that writes and that returns
+// idemstore.ErrLeaseLost only when that statement changed nothing: it runs
+// without a savepoint. f may run more than once (see batcher).
+func (s *Store) writeTx(ctx context.Context, atomic bool, f func(ctx context.Context, tx querier) error) error {
+	return s.batch.do(ctx, atomic, func(ctx context.Context, tx *sql.Tx) error {
 		return f(ctx, preparedQuerier{q: tx, tx: tx, st: s.wst})
 	})
 }
@@ -426,7 +429,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 
 // fencedWrite runs one fenced write (see fenced) in a write transaction.
 func (s *Store) fencedWrite(ctx context.Context, op, query string, id idemstore.Identity, token string, extra ...any) error {
-	return interpretError(op, s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+	return interpretError(op, s.writeTx(ctx, true, func(ctx context.Context, tx querier) error {
 		return s.fenced(ctx, tx, query, id, token, extra...)
 	}))
 }
@@ -487,7 +490,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 			return err
 		}
 	}
-	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+	err := s.writeTx(ctx, false, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
@@ -577,7 +580,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 // KeyPurge implements idemstore.Store.
 func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	var purged *idemstore.Record
-	err := s.writeTx(ctx, func(ctx context.Context, tx querier) error {
+	err := s.writeTx(ctx, false, func(ctx context.Context, tx querier) error {
 		now := s.now()
 		r, err := getRaw(ctx, tx, p.Identity, now)
 		switch {
