@@ -15,6 +15,18 @@ func BatchStats(s *Store) (commits, writes int64) {
 // an atomic write failed.
 func BatchReruns(s *Store) int64 { return s.batch.reruns.Load() }
 
+// PinReadFirst makes KeyReserve of s always read before it writes (on), or
+// never. Call it before using s.
+func PinReadFirst(s *Store, on bool) {
+	s.pin = -1
+	if on {
+		s.pin = 1
+	}
+}
+
+// ReadsFirst reports whether KeyReserve of s now reads before it writes.
+func ReadsFirst(s *Store) bool { return s.readFirst() }
+
 // OnQueued makes s call f with the queue's length whenever a write joins the
 // queue of writes for the writer (the first of them leads the next batch).
 // Call it before using s.
