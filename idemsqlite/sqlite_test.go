@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -158,6 +159,51 @@ func TestMigrations(t *testing.T) {
 		t.Fatalf("after migrating up again the schema has %q, want %q", got, schema)
 	}
 	reserve(t, s, testID, "t1")
+}
+
+// TestMigrationRebuildKeepsRecords: 003 rebuilds the keys table (to change
+// its state check); reverting it and applying it again keep every record as
+// it was, and the check still holds.
+func TestMigrationRebuildKeepsRecords(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := openStore(t, nil)
+	reserve(t, s, testID, "t1")
+	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t1",
+		Response: &idemstore.Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("done")}}); err != nil {
+		t.Fatal(err)
+	}
+	other := idemstore.Identity{Scope: testID.Scope, Endpoint: testID.Endpoint, Key: "other"}
+	reserve(t, s, other, "t2")
+	want := make(map[string]*idemstore.Record)
+	for _, id := range []idemstore.Identity{testID, other} {
+		r, err := s.KeyGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[id.Key] = r
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, id := range []idemstore.Identity{testID, other} {
+			if r, err := s.KeyGet(ctx, id); err != nil || !reflect.DeepEqual(r, want[id.Key]) {
+				t.Errorf("%s: KeyGet(%s) = %+v, %v; want %+v", when, id.Key, r, err, want[id.Key])
+			}
+		}
+		if _, err := s.DB().ExecContext(ctx, "UPDATE idem_keys SET state = 'done'"); err == nil ||
+			!strings.Contains(err.Error(), "idem_keys_state_check") {
+			t.Errorf("%s: setting an unknown state: %v; want a violation of idem_keys_state_check", when, err)
+		}
+	}
+	m, err := s.MigrateDown(ctx)
+	if err != nil || m == nil || m.Name != "state_check" {
+		t.Fatalf("MigrateDown = %+v, %v; want 003_state_check reverted", m, err)
+	}
+	check("reverted")
+	if done, err := s.Migrate(ctx); err != nil || len(done) != 1 {
+		t.Fatalf("Migrate = %v, %v; want 003_state_check applied", done, err)
+	}
+	check("applied again")
 }
 
 func TestSchemaConstraints(t *testing.T) {

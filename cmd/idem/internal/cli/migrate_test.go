@@ -196,7 +196,7 @@ func TestMigrateSQLite(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	migrateCycle(t, "sqlite:"+path, []string{"001_create_keys", "002_reconcile_state"})
+	migrateCycle(t, "sqlite:"+path, []string{"001_create_keys", "002_reconcile_state", "003_state_check"})
 }
 
 func TestMigratePostgres(t *testing.T) {
