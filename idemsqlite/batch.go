@@ -144,12 +144,16 @@ func (b *batcher) lead(l *write) {
 		b.mu.Unlock()
 		l.err = err
 	} else {
+		// Begin before taking the batch: the writes that queue meanwhile
+		// join it. The transaction must not end with one caller's
+		// context: the others' writes are in it.
+		tx, err := conn.BeginTx(context.Background(), nil)
 		b.mu.Lock()
 		n := min(len(b.queue), b.max)
 		batch = slices.Clone(b.queue[:n])
 		b.queue = slices.Delete(b.queue, 0, n)
 		b.mu.Unlock()
-		b.run(conn, batch)
+		b.run(conn, tx, err, batch)
 		conn.Close()
 	}
 
@@ -187,15 +191,13 @@ func call(w *write, tx *sql.Tx) (ran bool, err error) {
 	return true, w.f(context.WithoutCancel(w.ctx), tx)
 }
 
-// run runs batch on conn, in one transaction, or in two when an atomic
-// write failed in the first (see batcher), and sets each write's err.
-func (b *batcher) run(conn *sql.Conn, batch []*write) {
-	// The transaction must not end with one caller's context: the others'
-	// writes are in it.
+// run runs batch on conn in tx, begun with err, or in two transactions
+// when an atomic write failed in the first (see batcher), and sets each
+// write's err.
+func (b *batcher) run(conn *sql.Conn, tx *sql.Tx, err error, batch []*write) {
 	ctx := context.Background()
 	ws, savepoints := batch, false
 	for {
-		tx, err := conn.BeginTx(ctx, nil)
 		if err != nil {
 			for _, w := range ws {
 				w.err = err
@@ -216,6 +218,7 @@ func (b *batcher) run(conn *sql.Conn, batch []*write) {
 		if len(ws) == 0 {
 			return
 		}
+		tx, err = conn.BeginTx(ctx, nil)
 	}
 }
 
