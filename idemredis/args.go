@@ -33,13 +33,21 @@ func (a reserveArgs) call(k *boxedKeys) []any {
 type completeArgs struct {
 	now   int64
 	token string
-	resp  encodedResponse
+	// resp is the response; with expected, its status, header and body are
+	// "" (the script reads them from record when it needs them).
+	resp encodedResponse
+	// expected is the record as the reservation wrote it, or "" when
+	// unknown; record is then what completing it writes (completedValue),
+	// with its Redis TTL (milliseconds) and expiry index score.
+	expected, record string
+	redisTTL         int64
+	expiryScore      string
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+8), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+	return append(newCall(1+5+12), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
 		a.now, a.token, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body,
-		k.member, k.channel)
+		k.member, k.channel, a.expected, a.record, a.redisTTL, a.expiryScore)
 }
 
 // finishArgs are the arguments of release.lua and mark_unknown.lua (which

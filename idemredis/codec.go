@@ -170,6 +170,8 @@ func encodeFields(f *recordFields) string {
 		return s
 	}
 	var b strings.Builder
+	b.Grow(256 + len(f.token) + len(f.fingerprint) + len(f.scope) + len(f.endpoint) + len(f.key) +
+		len(f.recoveryPoint) + len(f.reconcileError) + len(f.header) + len(f.body))
 	b.WriteString("2")
 	for _, v := range [...]string{f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt,
 		f.ttl, f.createdAt, f.startedAt, f.updatedAt, zero(f.attempts),
@@ -223,6 +225,45 @@ func newRecordValue(p *idemstore.ReserveParams, les idemstore.State, now, locked
 		b.WriteString(v)
 	}
 	return b.String()
+}
+
+// completedValue returns, as stored, the record that complete.lua would
+// write at now (Unix microseconds) for token and resp when it finds the
+// record v, with the Redis TTL (milliseconds) and expiry index score it
+// would give it. ok is false when v is not such a record: not in_progress
+// with token and no waiters, its lease ended, or past its retention; the
+// script then decides from the record it finds.
+func completedValue(v string, now int64, token string, resp encodedResponse) (rec string, ttl int64, expiresAt string, ok bool) {
+	var f recordFields
+	if f.parse(v) != nil || f.state != string(idemstore.StateInProgress) || f.token != token || f.waiters != "0" {
+		return "", 0, "", false
+	}
+	lockedUntil, err1 := strconv.ParseInt(f.lockedUntil, 10, 64)
+	exp, err2 := strconv.ParseInt(f.expiresAt, 10, 64)
+	if err1 != nil || err2 != nil || now >= lockedUntil || now > exp {
+		return "", 0, "", false
+	}
+	var num [20]byte
+	f.state, f.updatedAt = string(idemstore.StateCompleted), string(strconv.AppendInt(num[:0], now, 10))
+	if resp.notReplayable == argTrue {
+		f.notReplayable, f.status, f.header, f.body = "1", "", "", ""
+	} else {
+		f.status, f.header, f.body = argString(resp.status), argString(resp.header), argString(resp.body)
+	}
+	// As settled in lua/lib.lua: the remaining retention plus the slack.
+	ttl = (exp-now)/1000 + ttlSlack.Milliseconds()
+	return encodeFields(&f), ttl, f.expiresAt, true
+}
+
+// argString returns a script argument of encodedResponse as a string.
+func argString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
 }
 
 // decodeRecord decodes a stored record.

@@ -484,3 +484,48 @@ func TestReapInProgressPastRetention(t *testing.T) {
 		t.Fatalf("KeyReap = %d, %v; want 2", n, err)
 	}
 }
+
+// TestCompleteAfterChange completes records that changed since their
+// reservation (renewed, or with a waiter registered): complete.lua finds
+// another record than the one KeyReserve wrote and takes the response from
+// the record the caller built for the one it expected.
+func TestCompleteAfterChange(t *testing.T) {
+	ctx := t.Context()
+	s := newTestStore(t, sharedClient(t), time.Now)
+	for name, change := range map[string]func(id idemstore.Identity, token string){
+		"renewed": func(id idemstore.Identity, token string) {
+			if err := s.KeyRenew(ctx, &idemstore.RenewParams{Identity: id, Token: token, Lease: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"waited": func(id idemstore.Identity, token string) {
+			short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			defer cancel()
+			_ = s.KeyWait(short, id)
+		},
+		"unchanged": func(idemstore.Identity, string) {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			id := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "change-" + name}
+			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "fp", Token: "tok-" + name, Lease: time.Minute, TTL: time.Hour})
+			if err != nil || !res.Reserved {
+				t.Fatalf("KeyReserve = %v, %v", res, err)
+			}
+			change(id, "tok-"+name)
+			if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "tok-" + name, Response: benchResponse}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.KeyGet(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.State != idemstore.StateCompleted || r.Response == nil || r.Response.Status != benchResponse.Status ||
+				string(r.Response.Body) != string(benchResponse.Body) || r.Response.Header.Get("Location") != "/v1/payments/pay_123" {
+				t.Fatalf("record after complete: %+v, response %+v", r, r.Response)
+			}
+			if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "tok-" + name, Response: benchResponse}); !errors.Is(err, idemstore.ErrLeaseLost) {
+				t.Fatalf("second KeyComplete = %v, want ErrLeaseLost", err)
+			}
+		})
+	}
+}

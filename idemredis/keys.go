@@ -20,15 +20,50 @@ const bucketCount = 1024
 // names it again, and building the names costs a SHA-256 and an
 // allocation. A slot holds one identity; another identity that hashes to
 // the same slot replaces it.
+//
+// A slot also remembers the record as this store last inserted it for the
+// identity (see written): what KeyComplete expects to find there.
 type keyCache struct {
 	seed  maphash.Seed
-	slots [256]keySlot
+	slots [1024]keySlot
 }
 
 type keySlot struct {
 	mu   sync.Mutex
 	id   idemstore.Identity
 	keys recordKeys
+	// written is the record as a reservation of this store wrote it for
+	// id, or "".
+	written string
+}
+
+func (c *keyCache) slot(id idemstore.Identity) *keySlot {
+	return &c.slots[maphash.String(c.seed, id.Key)%uint64(len(c.slots))]
+}
+
+// setWritten remembers v as the record a reservation wrote for id ("" to
+// forget it), when id holds its slot.
+func (c *keyCache) setWritten(id idemstore.Identity, v string) {
+	slot := c.slot(id)
+	slot.mu.Lock()
+	if slot.id == id {
+		slot.written = v
+	}
+	slot.mu.Unlock()
+}
+
+// takeWritten returns the record a reservation wrote for id and forgets
+// it, or "". It is only a guess of what is stored: the scripts compare it
+// with the record before they rely on it.
+func (c *keyCache) takeWritten(id idemstore.Identity) string {
+	slot := c.slot(id)
+	slot.mu.Lock()
+	var v string
+	if slot.id == id {
+		v, slot.written = slot.written, ""
+	}
+	slot.mu.Unlock()
+	return v
 }
 
 // recordKeys are the names of one record's keys and channel.
@@ -68,7 +103,7 @@ func (k recordKeys) all() []string {
 
 // keysOf returns the keys of the record named id.
 func (s *Store) keysOf(id idemstore.Identity) recordKeys {
-	slot := &s.keys.slots[maphash.String(s.keys.seed, id.Key)%uint64(len(s.keys.slots))]
+	slot := s.keys.slot(id)
 	slot.mu.Lock()
 	hit, k := slot.id == id && slot.keys.record != "", slot.keys
 	slot.mu.Unlock()
@@ -77,7 +112,7 @@ func (s *Store) keysOf(id idemstore.Identity) recordKeys {
 	}
 	k = s.newKeys(id)
 	slot.mu.Lock()
-	slot.id, slot.keys = id, k
+	slot.id, slot.keys, slot.written = id, k, ""
 	slot.mu.Unlock()
 	return k
 }

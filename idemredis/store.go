@@ -141,6 +141,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 	reserved, _ := vals[0].(int64)
 	if reserved == 1 && len(vals) == 1 {
+		s.keys.setWritten(p.Identity, a.record)
 		return newRecord(p, les, now), nil
 	}
 	v, ok := vals[len(vals)-1].(string)
@@ -150,6 +151,9 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	rec, err := decodeRecord(v)
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
+	}
+	if reserved == 1 {
+		s.keys.setWritten(p.Identity, v) // a takeover: the record as saved
 	}
 	return &idemstore.ReserveResult{Reserved: reserved == 1, Record: rec}, nil
 }
@@ -234,6 +238,15 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 		return fmt.Errorf("completing key: %w", err)
 	}
 	a := completeArgs{now: us(s.now()), token: p.Token, resp: resp}
+	if v := s.keys.takeWritten(p.Identity); v != "" {
+		// The record is likely still the one this store's reservation
+		// wrote: the script writes the completed one built here when it
+		// is, without decoding or encoding a record.
+		if rec, ttl, score, ok := completedValue(v, a.now, p.Token, resp); ok {
+			a.expected, a.record, a.redisTTL, a.expiryScore = v, rec, ttl, score
+			a.resp.status, a.resp.header, a.resp.body = argEmpty, argEmpty, argEmpty
+		}
+	}
 	err = s.run(ctx, completeScript, a.call(s.keysOf(p.Identity).boxed)).Err()
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
