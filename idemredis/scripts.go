@@ -80,7 +80,8 @@ func newCall(n int) []any {
 //
 // A call that meets a slot migration of a Redis Cluster is sent again until
 // the context's deadline (see retrySlot). With Config.WaitReplicas, the call
-// waits for the replicas' acknowledgement (see processWaited).
+// waits for the replicas' acknowledgement (see processWaited); otherwise it
+// may share its round trip with concurrent calls (see batcher).
 func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 	send := func(name, script any) *redis.Cmd {
 		call[0], call[1] = name, script
@@ -88,6 +89,8 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		cmd.SetFirstKeyPos(3)
 		if s.waitReplicas > 0 && !sc.noReplicaWait {
 			s.processWaited(ctx, cmd, call[3].(string))
+		} else if s.batch != nil {
+			s.batch.process(ctx, s.client, cmd)
 		} else {
 			_ = s.client.Process(ctx, cmd)
 		}

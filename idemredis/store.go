@@ -54,6 +54,18 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds the wait for WaitReplicas. Defaults to 1 second.
 	WaitTimeout time.Duration
+	// MaxBatches is how many round trips the store's scripts (reserve,
+	// complete, ...) may have in flight at once: a call that comes while
+	// they all are waits for the next one, which sends every call queued
+	// meanwhile as one pipeline. Under load, Redis and the client then
+	// spend one read and one write on many calls instead of one each,
+	// which is most of their CPU time per call; a call that finds a round
+	// trip free is sent at once. Defaults to 2; a negative value sends
+	// every call in its own round trip, on its own connection. Only a
+	// *redis.Client (single server or Sentinel) batches, and not with
+	// WaitReplicas: a Redis Cluster's pipelines would not follow a moving
+	// slot as a single call does.
+	MaxBatches int
 }
 
 // Store is an idemstore.Store (and idemstore.Waiter) on Redis. It is safe
@@ -73,6 +85,9 @@ type Store struct {
 	// waitReplicas and waitTimeout are Config.WaitReplicas and WaitTimeout.
 	waitReplicas int
 	waitTimeout  time.Duration
+	// batch sends the scripts of concurrent calls together, or is nil
+	// (Config.MaxBatches).
+	batch *batcher
 }
 
 var (
@@ -103,6 +118,12 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	st := &Store{client: client, prefix: c.Prefix, now: c.Now, redirectWait: c.RedirectWait,
 		waitReplicas: c.WaitReplicas, waitTimeout: c.WaitTimeout}
 	st.keys.seed = maphash.MakeSeed()
+	if c.MaxBatches == 0 {
+		c.MaxBatches = defaultMaxBatches
+	}
+	if _, single := client.(*redis.Client); single && c.MaxBatches > 0 && c.WaitReplicas <= 0 {
+		st.batch = &batcher{max: c.MaxBatches}
+	}
 	return st
 }
 
