@@ -149,11 +149,11 @@ func BenchmarkRawReplay(b *testing.B) {
 		for pb.Next() {
 			now := time.Now().UnixMicro()
 			p := &idemstore.ReserveParams{Identity: testID, Fingerprint: "fp", Token: "t2"}
-			vals, err := rawEval(ctx, client, reserveScript, reserveArgs{
+			v, err := rawEval(ctx, client, reserveScript, reserveArgs{
 				now: now, lockedUntil: now + 30e6,
 				record: newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6),
-			}.call(k)).Slice()
-			if err != nil || vals[0].(int64) != 0 {
+			}.call(k)).Text()
+			if err != nil || v == "" {
 				b.Fatalf("raw replay: %v", err)
 			}
 		}

@@ -98,7 +98,8 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 	}
 	return s.retrySlot(ctx, func() *redis.Cmd {
 		cmd := send(argEvalSha, sc.hash)
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		// (HasErrorPrefix allocates, even for no error.)
+		if cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			cmd = send(argEval, sc.src)
 		}
 		return cmd

@@ -153,30 +153,41 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		// the retention): KeyReap must find it before it settles.
 		a.expiryScore = expiresAt
 	}
-	vals, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Slice()
+	reply, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 	}
-	if len(vals) == 0 {
-		return nil, errors.New("reserving key: empty reply")
-	}
-	reserved, _ := vals[0].(int64)
-	if reserved == 1 && len(vals) == 1 {
+	reserved := false
+	var v string
+	switch reply := reply.(type) {
+	case int64: // inserted
+		if reply != 1 {
+			return nil, fmt.Errorf("reserving key: unexpected reply %v", reply)
+		}
 		s.keys.setWritten(p.Identity, a.record)
 		return newRecord(p, les, now), nil
-	}
-	v, ok := vals[len(vals)-1].(string)
-	if len(vals) != 2 || !ok {
-		return nil, fmt.Errorf("reserving key: unexpected reply %v", vals)
+	case string: // not reserved: the record as stored
+		v = reply
+	case []any: // taken over: the record as saved
+		if len(reply) != 2 || reply[0] != int64(1) {
+			return nil, fmt.Errorf("reserving key: unexpected reply %v", reply)
+		}
+		var ok bool
+		if v, ok = reply[1].(string); !ok {
+			return nil, fmt.Errorf("reserving key: unexpected reply %v", reply)
+		}
+		reserved = true
+	default:
+		return nil, fmt.Errorf("reserving key: unexpected reply %v", reply)
 	}
 	rec, err := decodeRecord(v)
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
 	}
-	if reserved == 1 {
-		s.keys.setWritten(p.Identity, v) // a takeover: the record as saved
+	if reserved {
+		s.keys.setWritten(p.Identity, v)
 	}
-	return &idemstore.ReserveResult{Reserved: reserved == 1, Record: rec}, nil
+	return &idemstore.ReserveResult{Reserved: reserved, Record: rec}, nil
 }
 
 // newRecord is the result of a reservation that inserted a new record: the

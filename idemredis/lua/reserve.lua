@@ -10,8 +10,9 @@
 -- ARGV[7] its expires_at when the expiry index must list it from the start
 -- (it may expire in progress: its lease turns released or outlives its
 -- retention), otherwise 0
--- Returns {1} for a new record (the one of the arguments), otherwise
--- {reserved (0 or 1), record}.
+-- Returns 1 for a new record (the one of the arguments), the record for one
+-- not reserved (a replay: the string as stored, not decoded), or
+-- {1, record} for a record taken over.
 local now = tonumber(ARGV[1])
 local r, stored = load(KEYS[1], true)
 
@@ -33,13 +34,13 @@ if not r then
     expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
   end
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
-  return {1}
+  return 1
 end
 
 if r.state == 'completed' or r.state == 'unknown'
     or (r.state == 'in_progress' and not lease_expired(r, now)) then
   -- A replay, or a key in use: nothing to write.
-  return {0, stored or encode(r)}
+  return stored or encode(r)
 end
 if stored then
   r = decode(stored)
@@ -86,6 +87,6 @@ end
 
 if ttl then
   save(KEYS[1], r, ttl)
-  return {0, encode(r)}
+  return encode(r)
 end
-return {0, stored or encode(r)}
+return stored or encode(r)
