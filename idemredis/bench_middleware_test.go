@@ -124,21 +124,32 @@ func (p *redisBench) serve(b *testing.B, key, body string, replayed bool) {
 // scriptCall is a recorded EVALSHA: the script's digest, its keys and its
 // arguments.
 type scriptCall struct {
-	sha  string
+	cmd  string // evalsha or fcall
+	sha  string // the digest, or the function's name
 	keys []string
 	args []any
 }
 
+// run sends the call again, with keys and args.
+func (c scriptCall) run(ctx context.Context, client *redis.Client, keys []string, args []any) *redis.Cmd {
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, c.cmd, c.sha, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return client.Do(ctx, append(cmd, args...)...)
+}
+
 func parseScriptCall(b *testing.B, cmd []any) scriptCall {
 	b.Helper()
-	if len(cmd) < 3 || fmt.Sprint(cmd[0]) != "evalsha" {
-		b.Fatalf("recorded %v, want an evalsha", cmd)
+	if len(cmd) < 3 || fmt.Sprint(cmd[0]) != "evalsha" && fmt.Sprint(cmd[0]) != "fcall" {
+		b.Fatalf("recorded %v, want an evalsha or an fcall", cmd)
 	}
 	n, err := strconv.Atoi(fmt.Sprint(cmd[2]))
 	if err != nil || len(cmd) < 3+n {
 		b.Fatalf("recorded %v: bad number of keys", cmd)
 	}
-	c := scriptCall{sha: fmt.Sprint(cmd[1]), args: cmd[3+n:]}
+	c := scriptCall{cmd: fmt.Sprint(cmd[0]), sha: fmt.Sprint(cmd[1]), args: cmd[3+n:]}
 	for _, k := range cmd[3 : 3+n] {
 		c.keys = append(c.keys, fmt.Sprint(k))
 	}
@@ -285,7 +296,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			times.set(rargs, key, token, time.Now().UnixMicro())
 			rargs[reserveArg.Member] = m
 			rargs[reserveArg.Channel] = rename(fmt.Sprint(reserve.args[reserveArg.Channel]), t, m)
-			v, err := p.client.EvalSha(ctx, reserve.sha, rkeys, rargs...).Result()
+			v, err := reserve.run(ctx, p.client, rkeys, rargs).Result()
 			if err != nil || v != int64(1) {
 				b.Fatalf("reserve: %v (%v)", err, v)
 			}
@@ -295,7 +306,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			cargs[completeArg.Now] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 			cargs[completeArg.Token], cargs[completeArg.Member] = token, m
 			cargs[completeArg.Channel] = rename(fmt.Sprint(complete.args[completeArg.Channel]), t, m)
-			if err := p.client.EvalSha(ctx, complete.sha, ckeys, cargs...).Err(); err != nil {
+			if err := complete.run(ctx, p.client, ckeys, cargs).Err(); err != nil {
 				b.Fatalf("complete: %v", err)
 			}
 		}
@@ -332,7 +343,7 @@ func rawRedisReplay(b *testing.B, handler bool) {
 		args := append([]any(nil), reserve.args...)
 		for pb.Next() {
 			times.set(args, "probe", "retry", time.Now().UnixMicro())
-			v, err := p.client.EvalSha(ctx, reserve.sha, reserve.keys, args...).Text()
+			v, err := reserve.run(ctx, p.client, reserve.keys, args).Text()
 			if err != nil || v == "" {
 				b.Fatalf("replay: %v (%v)", err, v)
 			}

@@ -57,7 +57,17 @@
 // (reserve: GET, SET, ZADD to the lease index; complete: GET, SET with the
 // TTL, ZREM from the lease index, ZADD to the expiry index, and for one
 // completion in 16 a pruning ZRANGEBYSCORE), a replay one script of one
-// GET.
+// GET. A completion sends the completed record built by the store with the
+// one its reservation wrote: the script compares and writes strings, and
+// decodes the record only when it changed meanwhile (renewed, waited on).
+// A replay returns the stored string as is.
+//
+// On a *redis.Client the scripts run as Redis 7 functions (FCALL of one
+// library, loaded by the store when the server lacks it), which spares
+// each call running lib.lua again; before Redis 7, or without the
+// permission, the store falls back to EVALSHA once for good. A Cluster
+// client runs them with EVALSHA. Concurrent calls share round trips (see
+// Config.MaxBatches).
 //
 // Times are stored as Unix microseconds from the store's clock (Config.Now),
 // passed to the scripts as arguments. Retention is enforced by the scripts

@@ -2,7 +2,11 @@ package idemredis
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
+	"fmt"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,31 +37,64 @@ var (
 )
 
 // script is a Lua script with its digest and source boxed once as command
-// arguments.
+// arguments, and the name of the same script in the function library.
 type script struct {
 	*redis.Script
 	hash, src any
+	function  any
 	// noReplicaWait makes run skip Config.WaitReplicas for the script.
 	noReplicaWait bool
 }
 
 func loadScript(name string) *script {
-	lib, err := luaFiles.ReadFile("lua/lib.lua")
-	if err != nil {
-		panic(err)
-	}
+	all := string(readLua("lib.lua")) + "\n" + string(readLua(name))
+	sc := redis.NewScript(all)
+	return &script{Script: sc, hash: sc.Hash(), src: all, function: functionName(name)}
+}
+
+func readLua(name string) []byte {
 	src, err := luaFiles.ReadFile("lua/" + name)
 	if err != nil {
 		panic(err)
 	}
-	all := string(lib) + "\n" + string(src)
-	sc := redis.NewScript(all)
-	return &script{Script: sc, hash: sc.Hash(), src: all}
+	return src
+}
+
+// library is every script of lua/ as one Redis 7 function library: a
+// function (FCALL) does not run lib.lua again on every call as a script
+// (EVALSHA) does, which costs a good part of a short script's time. Its
+// name and its functions' names carry a digest of its code, so that stores
+// of different versions of the package share a Redis without replacing
+// each other's functions. Each function sets KEYS and ARGV, which the
+// scripts and lib.lua read as a script's globals, and runs the script.
+var libraryName, library = func() (string, string) {
+	entries, err := luaFiles.ReadDir("lua")
+	if err != nil {
+		panic(err)
+	}
+	var funcs strings.Builder
+	for _, e := range entries {
+		if e.Name() == "lib.lua" {
+			continue
+		}
+		fmt.Fprintf(&funcs, "redis.register_function('%%s%s', function(keys, args)\nKEYS, ARGV = keys, args\n%s\nend)\n",
+			strings.TrimSuffix(e.Name(), ".lua"), readLua(e.Name()))
+	}
+	code := "local KEYS, ARGV\n" + string(readLua("lib.lua")) + "\n" + funcs.String()
+	sum := sha256.Sum256([]byte(code))
+	name := "idem_" + hex.EncodeToString(sum[:6])
+	return name, "#!lua name=" + name + "\n" + strings.ReplaceAll(code, "'%s", "'"+name+"_")
+}()
+
+// functionName is the name of script file's function in library.
+func functionName(file string) string {
+	return libraryName + "_" + strings.TrimSuffix(file, ".lua")
 }
 
 // The command names and key counts, boxed once.
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
+	argFcall            any = "fcall"
 	argKeys1            any = 1
 	argKeys3, argKeys5  any = 3, 5
 )
@@ -97,6 +134,20 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		return cmd
 	}
 	return s.retrySlot(ctx, func() *redis.Cmd {
+		if s.functions.Load() {
+			cmd := send(argFcall, sc.function)
+			if err := cmd.Err(); err == nil || !isFunctionNotFound(err) &&
+				!redis.HasErrorPrefix(err, "unknown command") && !redis.HasErrorPrefix(err, "NOPERM") {
+				return cmd
+			}
+			if !s.loadFunctions(ctx, cmd.Err()) {
+				// This server has no functions (before Redis 7), or no
+				// permission to load them: scripts from now on.
+				s.functions.Store(false)
+			} else if cmd = send(argFcall, sc.function); !isFunctionNotFound(cmd.Err()) {
+				return cmd
+			}
+		}
 		cmd := send(argEvalSha, sc.hash)
 		// (HasErrorPrefix allocates, even for no error.)
 		if cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -104,4 +155,21 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		}
 		return cmd
 	})
+}
+
+// loadFunctions loads library into the server when err, the reply to an
+// FCALL, says that it lacks it, and reports whether the FCALL may be sent
+// again.
+func (s *Store) loadFunctions(ctx context.Context, err error) bool {
+	if !isFunctionNotFound(err) {
+		return false
+	}
+	err = s.client.FunctionLoad(ctx, library).Err()
+	return err == nil || redis.HasErrorPrefix(err, "Library '"+libraryName+"' already exists")
+}
+
+// isFunctionNotFound reports whether err is the reply to an FCALL of a
+// function the server does not have.
+func isFunctionNotFound(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "Function not found")
 }

@@ -88,6 +88,9 @@ type Store struct {
 	// batch sends the scripts of concurrent calls together, or is nil
 	// (Config.MaxBatches).
 	batch *batcher
+	// functions is set while run calls the scripts as functions (FCALL):
+	// on a *redis.Client, until the server turns out to lack them.
+	functions atomic.Bool
 }
 
 var (
@@ -121,9 +124,13 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	if c.MaxBatches == 0 {
 		c.MaxBatches = defaultMaxBatches
 	}
-	if _, single := client.(*redis.Client); single && c.MaxBatches > 0 && c.WaitReplicas <= 0 {
+	_, single := client.(*redis.Client)
+	if single && c.MaxBatches > 0 && c.WaitReplicas <= 0 {
 		st.batch = &batcher{max: c.MaxBatches}
 	}
+	// On a Cluster, FUNCTION LOAD would have to reach the node of each
+	// call's slot: the scripts are loaded there by EVAL instead.
+	st.functions.Store(single)
 	return st
 }
 

@@ -424,8 +424,14 @@ func TestScriptCacheFlushed(t *testing.T) {
 		if err := client.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
+		if err := client.FunctionFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
 		if err := call(); err != nil {
-			t.Fatalf("call %d after SCRIPT FLUSH: %v", i, err)
+			t.Fatalf("call %d after SCRIPT FLUSH and FUNCTION FLUSH: %v", i, err)
+		}
+		if !s.functions.Load() {
+			t.Fatalf("call %d after FUNCTION FLUSH: the store stopped calling functions", i)
 		}
 	}
 	clock.Advance(time.Minute)
@@ -531,5 +537,34 @@ func TestUnknownHasNoNativeTTL(t *testing.T) {
 	}
 	if bl, err := s.KeyBacklog(ctx); err != nil || bl.Unknown != 3 {
 		t.Fatalf("KeyBacklog = %+v, %v; want 3", bl, err)
+	}
+}
+
+// TestFunctionsRefused runs the store as a user that may not call
+// functions: it falls back to the scripts (EVALSHA), as on a server before
+// Redis 7.
+func TestFunctionsRefused(t *testing.T) {
+	t.Parallel()
+	p := privateRedis(t, freePort(t))
+	admin := redis.NewClient(&redis.Options{Addr: p.addr})
+	t.Cleanup(func() { admin.Close() })
+	ctx := t.Context()
+	if err := admin.Do(ctx, "acl", "setuser", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: p.addr, Username: "nofunc", Password: "pw"})
+	t.Cleanup(func() { client.Close() })
+	s := New(client, nil)
+	if res, err := s.KeyReserve(ctx, reserveParams("t", "")); err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve: %+v, %v", res, err)
+	}
+	if s.functions.Load() {
+		t.Error("the store still calls functions after NOPERM")
+	}
+	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t", Response: &idemstore.Response{Status: 200}}); err != nil {
+		t.Fatalf("KeyComplete: %v", err)
+	}
+	if r, err := s.KeyGet(ctx, testID); err != nil || r.State != idemstore.StateCompleted {
+		t.Fatalf("KeyGet = %+v, %v", r, err)
 	}
 }
