@@ -136,11 +136,18 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 	return s.retrySlot(ctx, func() *redis.Cmd {
 		if s.functions.Load() {
 			cmd := send(argFcall, sc.function)
-			if err := cmd.Err(); err == nil || !isFunctionNotFound(err) &&
+			err := cmd.Err()
+			if err == nil || !isFunctionNotFound(err) && !redis.HasErrorPrefix(err, "OOM") &&
 				!redis.HasErrorPrefix(err, "unknown command") && !redis.HasErrorPrefix(err, "NOPERM") {
 				return cmd
 			}
-			if !s.loadFunctions(ctx, cmd.Err()) {
+			if redis.HasErrorPrefix(err, "OOM") {
+				// Above maxmemory Redis refuses a function that may write
+				// before it runs, a script only when it writes: a replay
+				// still reads its record.
+				return s.runScript(send, sc)
+			}
+			if !s.loadFunctions(ctx, err) {
 				// This server has no functions (before Redis 7), or no
 				// permission to load them: scripts from now on.
 				s.functions.Store(false)
@@ -148,13 +155,19 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 				return cmd
 			}
 		}
-		cmd := send(argEvalSha, sc.hash)
-		// (HasErrorPrefix allocates, even for no error.)
-		if cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = send(argEval, sc.src)
-		}
-		return cmd
+		return s.runScript(send, sc)
 	})
+}
+
+// runScript sends sc as a script: EVALSHA, then EVAL when the server does
+// not know it.
+func (s *Store) runScript(send func(name, script any) *redis.Cmd, sc *script) *redis.Cmd {
+	cmd := send(argEvalSha, sc.hash)
+	// (HasErrorPrefix allocates, even for no error.)
+	if cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = send(argEval, sc.src)
+	}
+	return cmd
 }
 
 // loadFunctions loads library into the server when err, the reply to an

@@ -568,3 +568,36 @@ func TestFunctionsRefused(t *testing.T) {
 		t.Fatalf("KeyGet = %+v, %v", r, err)
 	}
 }
+
+// TestFunctionsOutOfMemory replays a key on a Redis above its maxmemory:
+// Redis refuses a function that may write before it runs it, so the store
+// runs the script instead, which only reads on a replay; a new key fails.
+func TestFunctionsOutOfMemory(t *testing.T) {
+	t.Parallel()
+	p := privateRedis(t, freePort(t))
+	client := redis.NewClient(&redis.Options{Addr: p.addr})
+	t.Cleanup(func() { client.Close() })
+	ctx := t.Context()
+	s := New(client, nil)
+	if res, err := s.KeyReserve(ctx, reserveParams("t", "")); err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve: %+v, %v", res, err)
+	}
+	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t", Response: &idemstore.Response{Status: 201}}); err != nil {
+		t.Fatalf("KeyComplete: %v", err)
+	}
+	if err := client.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.KeyReserve(ctx, reserveParams("t2", ""))
+	if err != nil || res.Reserved || res.Record.Response == nil || res.Record.Response.Status != 201 {
+		t.Fatalf("replay above maxmemory: %+v, %v", res, err)
+	}
+	p2 := reserveParams("t3", "")
+	p2.Key = "other"
+	if _, err := s.KeyReserve(ctx, p2); err == nil {
+		t.Fatal("a new key above maxmemory was reserved")
+	}
+	if !s.functions.Load() {
+		t.Error("the store stopped calling functions after OOM")
+	}
+}
