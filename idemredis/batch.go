@@ -32,15 +32,15 @@ type batcher struct {
 	leading bool
 }
 
-// batchCall is one queued call. wake is closed when cmd has its reply, or
-// when lead is set: the caller then sends the next batch.
+// batchCall is one queued call. wake is signalled once: when cmd has its
+// reply, or when lead is set (the caller then sends the next batch).
 type batchCall struct {
 	cmd  *redis.Cmd
 	wake chan struct{}
 	lead bool
 }
 
-var batchCalls = sync.Pool{New: func() any { return &batchCall{} }}
+var batchCalls = sync.Pool{New: func() any { return &batchCall{wake: make(chan struct{}, 1)} }}
 
 // process sends cmd on client, in a batch with the calls queued meanwhile,
 // and returns when it has its reply.
@@ -58,14 +58,14 @@ func (b *batcher) process(ctx context.Context, client redis.UniversalClient, cmd
 		return
 	}
 	c := batchCalls.Get().(*batchCall)
-	c.cmd, c.wake, c.lead = cmd, make(chan struct{}), false
+	c.cmd, c.lead = cmd, false
 	b.queue = append(b.queue, c)
 	if b.active < b.max && !b.leading {
 		// A batch is free but calls queued before this one wait for it:
 		// send them all now.
 		b.active++
 		b.leading, c.lead = true, true
-		close(c.wake)
+		c.wake <- struct{}{}
 	}
 	b.mu.Unlock()
 	<-c.wake
@@ -76,7 +76,7 @@ func (b *batcher) process(ctx context.Context, client redis.UniversalClient, cmd
 		b.send(ctx, client)
 		b.next()
 	}
-	c.cmd, c.wake = nil, nil
+	c.cmd = nil
 	batchCalls.Put(c)
 }
 
@@ -106,7 +106,7 @@ func (b *batcher) send(ctx context.Context, client redis.UniversalClient) {
 	}
 	for i, c := range q {
 		if !c.lead {
-			close(c.wake)
+			c.wake <- struct{}{}
 		}
 		q[i] = nil
 	}
@@ -128,5 +128,5 @@ func (b *batcher) next() {
 	}
 	c := b.queue[0]
 	b.leading, c.lead = true, true
-	close(c.wake)
+	c.wake <- struct{}{}
 }
