@@ -1,4 +1,6 @@
--- lib.lua is prepended to every script of the idemredis store.
+-- lib.lua is prepended to every script of the idemredis store, and heads the
+-- function library that holds them all (scripts.go), where KEYS and ARGV are
+-- locals each function sets before it runs its script.
 --
 -- Layout: one record is one string, KEYS[1], in the form codec.go describes
 -- (a head of comma-separated fields, then the variable fields one after the
