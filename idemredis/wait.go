@@ -73,7 +73,7 @@ func (s *Store) subscribe(ctx context.Context, channel string) (*redis.PubSub, e
 		return ps, nil
 	}
 	ps.Close()
-	if !redis.HasErrorPrefix(err, "ERR unknown command") {
+	if !redis.HasErrorPrefix(err, "unknown command") { // (HasErrorPrefix drops "ERR ")
 		return nil, err
 	}
 	ps = s.client.Subscribe(ctx, channel)
