@@ -397,7 +397,7 @@ func (w *redisWork) report() {
 		name = strings.TrimPrefix(name, "cmdstat_")
 		c, us := commandStat(v)
 		switch {
-		case name == "evalsha", name == "eval":
+		case name == "evalsha", name == "eval", name == "fcall":
 			script += us
 		case name == "info", strings.HasPrefix(name, "config"):
 		default:

@@ -163,6 +163,12 @@ func (f *recordFields) parseUpTo(v string, prefix bool) error {
 // encodeFields returns f as stored. A field of f left empty that the
 // layout needs (a number) is written as its zero.
 func encodeFields(f *recordFields) string {
+	return encodeWith(f, nil, nil)
+}
+
+// encodeWith is encodeFields with header and body appended to f's
+// (completedValue passes the response's bytes, copied once, here).
+func encodeWith(f *recordFields, header, body []byte) string {
 	zero := func(s string) string {
 		if s == "" {
 			return "0"
@@ -171,7 +177,7 @@ func encodeFields(f *recordFields) string {
 	}
 	var b strings.Builder
 	b.Grow(256 + len(f.token) + len(f.fingerprint) + len(f.scope) + len(f.endpoint) + len(f.key) +
-		len(f.recoveryPoint) + len(f.reconcileError) + len(f.header) + len(f.body))
+		len(f.recoveryPoint) + len(f.reconcileError) + len(f.header) + len(f.body) + len(header) + len(body))
 	b.WriteString("2")
 	for _, v := range [...]string{f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt,
 		f.ttl, f.createdAt, f.startedAt, f.updatedAt, zero(f.attempts),
@@ -181,16 +187,22 @@ func encodeFields(f *recordFields) string {
 		b.WriteString(v)
 	}
 	variable := [...]string{f.token, f.fingerprint, f.scope, f.endpoint, f.key,
-		f.recoveryPoint, f.reconcileError, f.header}
+		f.recoveryPoint, f.reconcileError}
+	var num [20]byte
 	for _, v := range variable {
 		b.WriteByte(',')
-		b.WriteString(strconv.Itoa(len(v)))
+		b.Write(strconv.AppendInt(num[:0], int64(len(v)), 10))
 	}
+	b.WriteByte(',')
+	b.Write(strconv.AppendInt(num[:0], int64(len(f.header)+len(header)), 10))
 	b.WriteByte(';')
 	for _, v := range variable {
 		b.WriteString(v)
 	}
+	b.WriteString(f.header)
+	b.Write(header)
 	b.WriteString(f.body)
+	b.Write(body)
 	return b.String()
 }
 
@@ -243,27 +255,25 @@ func completedValue(v string, now int64, token string, resp encodedResponse) (re
 	if err1 != nil || err2 != nil || now >= lockedUntil || now > exp {
 		return "", 0, "", false
 	}
-	var num [20]byte
-	f.state, f.updatedAt = string(idemstore.StateCompleted), string(strconv.AppendInt(num[:0], now, 10))
+	f.state, f.updatedAt = string(idemstore.StateCompleted), strconv.FormatInt(now, 10)
+	f.header, f.body = "", ""
+	var header, body []byte
 	if resp.notReplayable == argTrue {
-		f.notReplayable, f.status, f.header, f.body = "1", "", "", ""
+		f.notReplayable, f.status = "1", ""
 	} else {
-		f.status, f.header, f.body = argString(resp.status), argString(resp.header), argString(resp.body)
+		f.status, _ = resp.status.(string)
+		header, body = argBytes(resp.header), argBytes(resp.body)
 	}
 	// As settled in lua/lib.lua: the remaining retention plus the slack.
 	ttl = (exp-now)/1000 + ttlSlack.Milliseconds()
-	return encodeFields(&f), ttl, f.expiresAt, true
+	return encodeWith(&f, header, body), ttl, f.expiresAt, true
 }
 
-// argString returns a script argument of encodedResponse as a string.
-func argString(v any) string {
-	switch v := v.(type) {
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	}
-	return ""
+// argBytes returns a script argument of encodedResponse ([]byte or "") as
+// bytes.
+func argBytes(v any) []byte {
+	b, _ := v.([]byte)
+	return b
 }
 
 // decodeRecord decodes a stored record.

@@ -529,3 +529,48 @@ func TestCompleteAfterChange(t *testing.T) {
 		})
 	}
 }
+
+// TestCompletedValueMatchesScript checks that completedValue writes what
+// complete.lua's decoding path writes for the same record and time: the
+// fast path of a completion is the same transition.
+func TestCompletedValueMatchesScript(t *testing.T) {
+	ctx := t.Context()
+	at := time.Now().Truncate(time.Second)
+	s := newTestStore(t, sharedClient(t), func() time.Time { return at })
+	for name, resp := range map[string]*idemstore.Response{
+		"response":       benchResponse,
+		"not replayable": nil,
+		"no header":      {Status: 204},
+	} {
+		id := idemstore.Identity{Scope: "s", Endpoint: "POST /x", Key: "cv-" + name}
+		if _, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "fp", Token: "tok", Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		// Forget the reservation: the script decodes the record.
+		reserved := s.keys.takeWritten(id)
+		enc, err := encodeResponse(resp, resp == nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, ttl, score, ok := completedValue(reserved, us(at), "tok", enc)
+		if !ok {
+			t.Fatalf("%s: completedValue refused the record it reserved: %q", name, reserved)
+		}
+		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "tok", Response: resp, NotReplayable: resp == nil}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.client.Get(ctx, s.keysOf(id).record).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s: complete.lua wrote\n%q\ncompletedValue\n%q", name, got, want)
+		}
+		if pttl := s.client.PTTL(ctx, s.keysOf(id).record).Val().Milliseconds(); pttl > ttl || pttl < ttl-5000 {
+			t.Errorf("%s: Redis TTL %d ms, completedValue %d ms", name, pttl, ttl)
+		}
+		if sc, err := s.client.ZScore(ctx, s.keysOf(id).expiry, s.keysOf(id).member).Result(); err != nil || strconv.FormatFloat(sc, 'f', -1, 64) != score {
+			t.Errorf("%s: expiry score %v (%v), completedValue %s", name, sc, err, score)
+		}
+	}
+}
