@@ -88,6 +88,11 @@ end
 -- reservation finds a record to replay (see load).
 local PEEK = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),'
 
+-- DONE matches the head of a completed record and captures its expires_at:
+-- a reservation that finds one still retained answers a replay with this
+-- one match.
+local DONE = '^2,completed,[%l_]*,[%d-]*,([%d-]*),'
+
 -- load_hash reads a record of the earlier layout, a hash, giving the fields
 -- it may lack the values they meant.
 local function load_hash(key)
@@ -116,9 +121,13 @@ end
 -- the earlier layout), or nil when the key is absent. With peek, the table
 -- of a record in the current layout holds only state, lease_expired_state,
 -- locked_until and expires_at (a replay needs no more); decode(stored)
--- gives the rest.
-local function load(key, peek)
-  local v = redis.pcall('GET', key)
+-- gives the rest. got, when not nil, is what redis.pcall('GET', key)
+-- already returned.
+local function load(key, peek, got)
+  local v = got
+  if v == nil then
+    v = redis.pcall('GET', key)
+  end
   if not v then
     return nil
   end
