@@ -27,7 +27,9 @@
 # /proc/PID/stat) of the proxy process and of the store's server: the Redis
 # server, or the PostgreSQL backends of the proxy's connections (found by
 # application_name). SQLite runs in the proxy's process. STORES may also
-# name memory: the proxy without a store's cost, for reference.
+# name memory: the proxy without a store's cost, for reference; and
+# postgres-async: PostgreSQL with synchronous_commit=off, the option that
+# trades durability (a PostgreSQL crash loses the last commits) for speed.
 #
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
@@ -75,7 +77,7 @@ pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	if [[ " $STORES " == *" postgres "* ]]; then
+	if [[ " $STORES " == *" postgres"* ]]; then
 		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" >/dev/null 2>&1 || true
 	fi
 	if [[ " $STORES " == *" redis "* ]]; then
@@ -134,9 +136,12 @@ for store in $STORES; do
 	case $store in
 	sqlite) url="sqlite:$work/proxy.db?synchronous=$SQLITE_SYNC" ;;
 	postgres) url=$(with_param "$(with_param "$PG_URL" "schema=$TAG")" "application_name=$TAG") ;;
+	postgres-async)
+		url=$(with_param "$(with_param "$(with_param "$PG_URL" "schema=$TAG")" "application_name=${TAG}_async")" \
+			synchronous_commit=off) ;;
 	redis) url=$(with_param "$REDIS_URL" "prefix=$TAG:") ;;
 	memory) url=memory: ;;
-	*) log "unknown store $store (want sqlite, postgres, redis, memory)"; exit 2 ;;
+	*) log "unknown store $store (want sqlite, postgres, postgres-async, redis, memory)"; exit 2 ;;
 	esac
 	port_of[$store]=$((PORT + n))
 	start "$store" "$((PORT + n))" "$work/idem" proxy --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
@@ -197,6 +202,7 @@ fi
 store_pids() {
 	case $1 in
 	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
+	postgres-async) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_async'" ;;
 	redis) echo "$redis_pid" ;;
 	esac
 }
