@@ -17,8 +17,9 @@ const (
 	selectKey = `SELECT ` + recordColumns + ` FROM idem_keys WHERE ` + identityWhere
 
 	// insertKey creates a new in_progress record, replacing an expired one;
-	// it changes no row when the key holds a live record. ?4 fingerprint, ?5 token, ?6 locked_until, ?7 now,
-	// ?8 lease_expired_state, ?9 expires_at, ?10 ttl.
+	// it changes no row when the key holds a live record. ?4 fingerprint,
+	// ?5 token, ?6 locked_until, ?7 now, ?8 lease_expired_state,
+	// ?9 expires_at, ?10 ttl.
 	insertKey = `INSERT INTO idem_keys (scope, endpoint, key, fingerprint, state, token, locked_until,
 		started_at, lease_expired_state, attempts, created_at, updated_at, expires_at, ttl)
 	VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, ?7, ?8, 1, ?7, ?7, ?9, ?10)
@@ -47,8 +48,8 @@ const (
 			AND idem_keys.lease_expired_state = 'unknown')`
 
 	// takeoverKey starts a new attempt on a released record (or one whose
-	// expired lease turns released, which KeyReserve checked). ?4 token, ?5 locked_until, ?6 now,
-	// ?7 lease_expired_state.
+	// expired lease turns released, which KeyReserve checked). ?4 token,
+	// ?5 locked_until, ?6 now, ?7 lease_expired_state.
 	takeoverKey = `UPDATE idem_keys SET
 		state = 'in_progress',
 		token = ?4,
