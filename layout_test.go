@@ -41,7 +41,7 @@ var layers = map[string][]string{
 
 	// teststore opens a store of each kind for tests (the stores' own
 	// tests use testenv, which imports no store).
-	"internal/testenv/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
+	"internal/integration/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
 }
 
 const module = "github.com/idem-dev/idem"
@@ -54,7 +54,7 @@ func layer(dir string) string {
 		return "idem"
 	case strings.HasPrefix(dir, "cmd/"):
 		return ""
-	case dir == "internal/testenv/teststore":
+	case dir == "internal/integration/teststore":
 		return dir
 	case strings.HasPrefix(dir, "internal/"):
 		return "internal/"

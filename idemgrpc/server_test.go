@@ -24,7 +24,7 @@ import (
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/internal/testenv/teststore"
+	"github.com/idem-dev/idem/internal/integration/teststore"
 )
 
 // TestLostResponses is issue 17's "done when" for gRPC: a client whose

@@ -26,7 +26,7 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
-	"github.com/idem-dev/idem/internal/testenv/teststore"
+	"github.com/idem-dev/idem/internal/integration/teststore"
 )
 
 // connect returns a connection to the test NATS server and its JetStream,

@@ -10,7 +10,7 @@ import (
 // readmeExamples are the files whose examples hold the README's Go
 // snippets: example_readme_test.go, and a package's own example where the
 // README shows it (its godoc example and the README are then one text).
-var readmeExamples = []string{"example_readme_test.go", "idemgrpc/example_test.go"}
+var readmeExamples = []string{"example_readme_test.go", "../../../idemgrpc/example_test.go"}
 
 // TestReadmeSnippets checks that every Go snippet of the README is, line
 // for line, the body of an example in one of readmeExamples between its
@@ -18,7 +18,7 @@ var readmeExamples = []string{"example_readme_test.go", "idemgrpc/example_test.g
 // example has an Output.
 func TestReadmeSnippets(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/integration/teststore"
 	"github.com/idem-dev/idem/internal/testenv"
-	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
 
 // providerEvent is a payment provider's webhook event. The provider sends

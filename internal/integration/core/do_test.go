@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,39 +13,9 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemstore"
-	"github.com/idem-dev/idem/idemtest"
+	"github.com/idem-dev/idem/internal/integration/teststore"
 	"github.com/idem-dev/idem/internal/testenv"
-	"github.com/idem-dev/idem/internal/testenv/teststore"
 )
-
-// charge is the payload of the functions under test.
-type charge struct {
-	Account string `json:"account"`
-	Amount  int    `json:"amount"`
-	SentAt  string `json:"sent_at,omitempty"`
-}
-
-// receipt is their typed result.
-type receipt struct {
-	ID     string `json:"id"`
-	Amount int    `json:"amount"`
-}
-
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-// testGuard returns a Guard on store whose every time decision (store-call
-// deadlines, lease renewals, waits, Retry-After) runs on clock.
-func testGuard(store idemstore.Store, clock *idemtest.Clock, cfg idem.Config) *idem.Guard {
-	cfg.Clock = clock
-	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
-	}
-	return idem.NewGuard(store, &cfg)
-}
-
-func newTestClock() *idemtest.Clock {
-	return idemtest.NewClock(time.Now().Truncate(time.Millisecond))
-}
 
 // TestDoRace: 200 goroutines call Do with one key at once; the function runs
 // once. Without wait mode the others are told it is in progress (they all
