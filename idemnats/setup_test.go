@@ -25,8 +25,8 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/testenv"
 	"github.com/idem-dev/idem/internal/integration/teststore"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // connect returns a connection to the test NATS server and its JetStream,

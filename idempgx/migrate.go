@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/pgxmigrate"
 )
 
 // Migration is one embedded schema migration and its state in a database.
@@ -28,7 +29,7 @@ var migrations = migrate.MustLoad(migrationsFS, "migrations")
 func (s *Store) migrator() *migrate.Runner {
 	return &migrate.Runner{
 		Migrations: migrations,
-		Dialect: &migrate.Postgres{
+		Dialect: &pgxmigrate.Postgres{
 			DB:       s.pool,
 			Schema:   s.cfg.Schema,
 			Table:    "idem_migrations",

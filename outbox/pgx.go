@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/pgxmigrate"
 )
 
 // PgxStore is the outbox on PostgreSQL through pgx v5. It is safe for
@@ -232,7 +233,7 @@ func interpretPgxError(err error) error {
 func (s *PgxStore) migrator() *migrate.Runner {
 	return &migrate.Runner{
 		Migrations: postgresMigrations,
-		Dialect: &migrate.Postgres{
+		Dialect: &pgxmigrate.Postgres{
 			DB:       s.pool,
 			Schema:   s.cfg.Schema,
 			Table:    migrationsTable,

@@ -12,6 +12,7 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"path"
 	"slices"
@@ -278,4 +279,12 @@ func (r *Runner) expand(sql string) string {
 		return sql
 	}
 	return r.Expand(sql)
+}
+
+// LockID returns the key of the advisory lock that serializes the
+// migrations of schema under lockName.
+func LockID(lockName, schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(lockName + "\x00" + schema))
+	return int64(h.Sum64())
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/pgxmigrate"
 	"github.com/idem-dev/idem/internal/sqlfile"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -420,7 +421,7 @@ func pgxTx(tx idemstore.Tx) (pgx.Tx, error) {
 func (r *pgxRepo) migrator(now func() time.Time) *migrate.Runner {
 	return &migrate.Runner{
 		Migrations: postgresMigrations,
-		Dialect: &migrate.Postgres{
+		Dialect: &pgxmigrate.Postgres{
 			DB:       r.pool,
 			Schema:   r.schemaName,
 			Table:    migrationsTable,

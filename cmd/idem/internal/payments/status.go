@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/pgxmigrate"
 )
 
 // MigrationsTable is the table that records the payments table's
@@ -24,11 +25,11 @@ func SQLiteMigrationStatus(ctx context.Context, db *sql.DB) ([]migrate.Status, e
 
 // PostgresMigrationStatus returns the payments table's migrations with
 // their state in schema of the PostgreSQL database db. It writes nothing.
-func PostgresMigrationStatus(ctx context.Context, db migrate.PgxDB, schema string) ([]migrate.Status, error) {
+func PostgresMigrationStatus(ctx context.Context, db pgxmigrate.PgxDB, schema string) ([]migrate.Status, error) {
 	quoted := pgx.Identifier{schema}.Sanitize() + "."
 	r := &migrate.Runner{
 		Migrations: postgresMigrations,
-		Dialect:    &migrate.Postgres{DB: db, Schema: schema, Table: migrationsTable, LockName: "payments.migrate"},
+		Dialect:    &pgxmigrate.Postgres{DB: db, Schema: schema, Table: migrationsTable, LockName: "payments.migrate"},
 		Now:        time.Now,
 		Expand:     func(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", quoted) },
 	}

@@ -1,4 +1,4 @@
-package migrate
+package migrate_test
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-dev/idem/internal/migrate"
+	"github.com/idem-dev/idem/internal/pgxmigrate"
 	"github.com/idem-dev/idem/internal/testenv"
 
 	_ "modernc.org/sqlite"
@@ -25,7 +27,7 @@ var epoch = time.Date(2026, 1, 2, 3, 4, 5, 678901000, time.UTC)
 
 // testMigrations create tables a (two statements) and b; {{schema}} is the
 // qualifying prefix that the bundle's expand fills in.
-var testMigrations = MustLoad(fstest.MapFS{
+var testMigrations = migrate.MustLoad(fstest.MapFS{
 	"m/001_create_a.up.sql":   file("CREATE TABLE {{schema}}a (id integer PRIMARY KEY);\nINSERT INTO {{schema}}a VALUES (1);\n"),
 	"m/001_create_a.down.sql": file("DROP TABLE {{schema}}a;\n"),
 	"m/002_create_b.up.sql":   file("CREATE TABLE {{schema}}b (id integer);\n"),
@@ -36,7 +38,7 @@ var testMigrations = MustLoad(fstest.MapFS{
 type bundle struct {
 	// open returns a dialect on a connection pool of its own, as another
 	// process would have.
-	open func(t *testing.T) Dialect
+	open func(t *testing.T) migrate.Dialect
 	// expand fills the {{schema}} placeholder of testMigrations.
 	expand func(sql string) string
 	// exec runs set-up SQL.
@@ -46,15 +48,15 @@ type bundle struct {
 	exists func(t *testing.T, table string) bool
 	// legacy are the statements that create the migrations table as the
 	// store packages did before this package, with version 1 applied and
-	// recorded by the INSERT, at its argument (unix microseconds on SQLite).
+	// recorded by the INSERT, at its argument (unix microseconds on migrate.SQLite).
 	legacy []string
 }
 
-func (b *bundle) runner(t *testing.T, ms []Migration) *Runner {
-	return &Runner{Migrations: ms, Dialect: b.open(t), Now: func() time.Time { return epoch }, Expand: b.expand}
+func (b *bundle) runner(t *testing.T, ms []migrate.Migration) *migrate.Runner {
+	return &migrate.Runner{Migrations: ms, Dialect: b.open(t), Now: func() time.Time { return epoch }, Expand: b.expand}
 }
 
-// forEachDialect runs f on a new SQLite file, on a new PostgreSQL schema
+// forEachDialect runs f on a new migrate.SQLite file, on a new PostgreSQL schema
 // named in the config, and on one reached through the search_path.
 func forEachDialect(t *testing.T, f func(t *testing.T, b *bundle)) {
 	t.Run("sqlite", func(t *testing.T) {
@@ -87,7 +89,7 @@ func sqliteBundle(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	return &bundle{
-		open:   func(t *testing.T) Dialect { return &SQLite{DB: open(t), Table: "idem_migrations"} },
+		open:   func(t *testing.T) migrate.Dialect { return &migrate.SQLite{DB: open(t), Table: "idem_migrations"} },
 		expand: func(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", "") },
 		exec: func(t *testing.T, sql string, args ...any) {
 			t.Helper()
@@ -170,8 +172,8 @@ func postgresBundle(t *testing.T, searchPath bool) *bundle {
 	}
 	if searchPath {
 		exec(t, "CREATE SCHEMA "+quoted)
-		bnd.open = func(t *testing.T) Dialect {
-			return &Postgres{DB: newPool(t), Table: "idem_outbox_migrations", LockName: "outbox.migrate"}
+		bnd.open = func(t *testing.T) migrate.Dialect {
+			return &pgxmigrate.Postgres{DB: newPool(t), Table: "idem_outbox_migrations", LockName: "outbox.migrate"}
 		}
 		bnd.expand = func(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", "") }
 		// outbox's table.
@@ -186,8 +188,8 @@ func postgresBundle(t *testing.T, searchPath bool) *bundle {
 		}
 		return bnd
 	}
-	bnd.open = func(t *testing.T) Dialect {
-		return &Postgres{DB: newPool(t), Schema: schema, Table: "idem_migrations", LockName: "idempgx.migrate"}
+	bnd.open = func(t *testing.T) migrate.Dialect {
+		return &pgxmigrate.Postgres{DB: newPool(t), Schema: schema, Table: "idem_migrations", LockName: "idempgx.migrate"}
 	}
 	bnd.expand = func(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", quoted+".") }
 	// idempgx's table, in a schema the tests create first.
@@ -206,14 +208,14 @@ func postgresBundle(t *testing.T, searchPath bool) *bundle {
 
 // wantStatus fails the test unless status is testMigrations with the
 // versions in applied applied at epoch.
-func wantStatus(t *testing.T, status []Status, applied ...int) {
+func wantStatus(t *testing.T, status []migrate.Status, applied ...int) {
 	t.Helper()
 	if len(status) != len(testMigrations) {
 		t.Fatalf("status of %d migrations, want %d: %+v", len(status), len(testMigrations), status)
 	}
 	for i, s := range status {
 		m := testMigrations[i]
-		want := Status{Version: m.Version, Name: m.Name}
+		want := migrate.Status{Version: m.Version, Name: m.Name}
 		for _, v := range applied {
 			if v == m.Version {
 				want.Applied, want.AppliedAt = true, epoch
@@ -231,7 +233,7 @@ func TestRunner(t *testing.T) {
 		ctx := t.Context()
 		r := b.runner(t, testMigrations)
 		table := "idem_migrations"
-		if p, ok := r.Dialect.(*Postgres); ok {
+		if p, ok := r.Dialect.(*pgxmigrate.Postgres); ok {
 			table = p.Table
 		}
 
@@ -247,18 +249,18 @@ func TestRunner(t *testing.T) {
 		// Several processes starting at once: each migration is applied
 		// once.
 		const n = 4
-		runners := make([]*Runner, n)
+		runners := make([]*migrate.Runner, n)
 		for i := range runners {
 			runners[i] = b.runner(t, testMigrations)
 		}
-		done := make([][]Status, n)
+		done := make([][]migrate.Status, n)
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for i, r := range runners {
 			wg.Go(func() { done[i], errs[i] = r.Up(ctx) })
 		}
 		wg.Wait()
-		var all []Status
+		var all []migrate.Status
 		for i := range n {
 			if errs[i] != nil {
 				t.Fatalf("Up #%d: %v", i, errs[i])
@@ -316,7 +318,7 @@ func TestRunner(t *testing.T) {
 // run, earlier migrations included.
 func TestRunnerFailure(t *testing.T) {
 	t.Parallel()
-	broken := []Migration{testMigrations[0], {Version: 2, Name: "broken", Up: "CREATE TABLE {{schema}}b (", Down: "SELECT 1"}}
+	broken := []migrate.Migration{testMigrations[0], {Version: 2, Name: "broken", Up: "CREATE TABLE {{schema}}b (", Down: "SELECT 1"}}
 	forEachDialect(t, func(t *testing.T, b *bundle) {
 		ctx := t.Context()
 		r := b.runner(t, broken)
@@ -338,7 +340,7 @@ func TestRunnerFailure(t *testing.T) {
 		}
 
 		// A failing down migration leaves its migration applied.
-		r.Migrations = []Migration{{Version: 1, Name: "create_a", Up: testMigrations[0].Up, Down: "DROP TABLE {{schema}}nonexistent;"}}
+		r.Migrations = []migrate.Migration{{Version: 1, Name: "create_a", Up: testMigrations[0].Up, Down: "DROP TABLE {{schema}}nonexistent;"}}
 		if _, err := r.Up(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -360,7 +362,7 @@ func TestRunnerLegacyTable(t *testing.T) {
 		ctx := t.Context()
 		at := epoch.Add(-time.Hour)
 		var arg any = at
-		if _, ok := b.open(t).(*SQLite); ok {
+		if _, ok := b.open(t).(*migrate.SQLite); ok {
 			arg = at.UnixMicro()
 		}
 		for _, sql := range b.legacy {
@@ -408,7 +410,7 @@ func TestPostgresNoSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	r := &Runner{Migrations: testMigrations, Dialect: &Postgres{DB: pool, Table: "idem_outbox_migrations", LockName: "outbox.migrate"}}
+	r := &migrate.Runner{Migrations: testMigrations, Dialect: &pgxmigrate.Postgres{DB: pool, Table: "idem_outbox_migrations", LockName: "outbox.migrate"}}
 	if _, err := r.Up(t.Context()); err == nil || !strings.Contains(err.Error(), "no schema of the search_path exists") {
 		t.Fatalf("Up = %v, want an error saying that no schema exists", err)
 	}
@@ -417,3 +419,5 @@ func TestPostgresNoSchema(t *testing.T) {
 		t.Fatalf("Status = %+v, %v; want nothing applied", status, err)
 	}
 }
+
+func file(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }

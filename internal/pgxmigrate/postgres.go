@@ -1,23 +1,26 @@
-package migrate
+// Package pgxmigrate is the PostgreSQL dialect of package migrate, on pgx.
+// It is a module of its own so that the foundations of the root module
+// name no driver.
+package pgxmigrate
 
 import (
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idem-dev/idem/internal/migrate"
 	"github.com/idem-dev/idem/internal/sqlfile"
 )
 
 //go:embed postgres.sql
 var postgresSQL string
 
-var postgresStatements = sqlfile.MustParse("internal/migrate/postgres.sql", postgresSQL)
+var postgresStatements = sqlfile.MustParse("internal/pgxmigrate/postgres.sql", postgresSQL)
 
 // PgxDB is what Postgres migrates through: a *pgxpool.Pool, a *pgx.Conn or
 // a pgx.Tx.
@@ -27,9 +30,9 @@ type PgxDB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Postgres is the Dialect of a PostgreSQL database on pgx. Its migration
-// lock is a transaction-level advisory lock keyed by LockName and the
-// schema.
+// Postgres is the migrate.Dialect of a PostgreSQL database on pgx. Its
+// migration lock is a transaction-level advisory lock keyed by LockName and
+// the schema.
 type Postgres struct {
 	// DB is the database.
 	DB PgxDB
@@ -45,10 +48,10 @@ type Postgres struct {
 	LockName string
 }
 
-var _ Dialect = (*Postgres)(nil)
+var _ migrate.Dialect = (*Postgres)(nil)
 
 // Locked implements Dialect.
-func (p *Postgres) Locked(ctx context.Context, f func(tx Tx, applied map[int]time.Time) error) error {
+func (p *Postgres) Locked(ctx context.Context, f func(tx migrate.Tx, applied map[int]time.Time) error) error {
 	q := p.statements()
 	return pgx.BeginFunc(ctx, p.DB, func(tx pgx.Tx) error {
 		schema := p.Schema
@@ -62,7 +65,7 @@ func (p *Postgres) Locked(ctx context.Context, f func(tx Tx, applied map[int]tim
 			}
 			schema = *current
 		}
-		if _, err := tx.Exec(ctx, q["lock"], LockID(p.LockName, schema)); err != nil {
+		if _, err := tx.Exec(ctx, q["lock"], migrate.LockID(p.LockName, schema)); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
 		}
 		if p.Schema != "" {
@@ -137,15 +140,7 @@ func (p *Postgres) statements() map[string]string {
 	return q
 }
 
-// LockID returns the key of the advisory lock that serializes the
-// migrations of schema under lockName.
-func LockID(lockName, schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(lockName + "\x00" + schema))
-	return int64(h.Sum64())
-}
-
-// pgxTx is the Tx of Postgres.
+// pgxTx is the migrate.Tx of Postgres.
 type pgxTx struct {
 	tx pgx.Tx
 	q  map[string]string
@@ -156,7 +151,7 @@ func (t *pgxTx) Exec(ctx context.Context, sql string) error {
 	return err
 }
 
-func (t *pgxTx) Record(ctx context.Context, m Migration, at time.Time) error {
+func (t *pgxTx) Record(ctx context.Context, m migrate.Migration, at time.Time) error {
 	_, err := t.tx.Exec(ctx, t.q["record"], m.Version, m.Name, at)
 	return err
 }
