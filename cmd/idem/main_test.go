@@ -365,7 +365,7 @@ func TestVersion(t *testing.T) {
 	if err != nil {
 		t.Fatalf("idem version: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "module    github.com/idem-dev/idem\n") {
+	if !strings.Contains(string(out), "module    github.com/idem-dev/idem/cmd/idem\n") {
 		t.Errorf("no module line:\n%s", out)
 	}
 	if !vcsStamped {

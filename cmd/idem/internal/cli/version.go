@@ -25,7 +25,7 @@ func runVersion(_ context.Context, e *env, args []string) error {
 // writeVersion prints info's version lines; info may be nil (a binary
 // built without module support).
 func writeVersion(w io.Writer, info *debug.BuildInfo) {
-	module, version := "github.com/idem-dev/idem", "unknown"
+	module, version := "github.com/idem-dev/idem/cmd/idem", "unknown"
 	revision, at, modified := "unknown", "", false
 	if info != nil {
 		if info.Main.Path != "" {

@@ -1,0 +1,16 @@
+module github.com/idem-dev/idem/internal/pgxmigrate
+
+go 1.25.0
+
+require (
+	github.com/idem-dev/idem v0.1.0
+	github.com/jackc/pgx/v5 v5.12.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace github.com/idem-dev/idem => ../..
