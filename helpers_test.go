@@ -10,19 +10,6 @@ import (
 	"github.com/idem-dev/idem/idemtest"
 )
 
-// charge is the payload of the functions under test.
-type charge struct {
-	Account string `json:"account"`
-	Amount  int    `json:"amount"`
-	SentAt  string `json:"sent_at,omitempty"`
-}
-
-// receipt is their typed result.
-type receipt struct {
-	ID     string `json:"id"`
-	Amount int    `json:"amount"`
-}
-
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // testGuard returns a Guard on store whose every time decision (store-call
