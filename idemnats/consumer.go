@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -92,9 +93,18 @@ type Config struct {
 	// attempt in progress; one second for the store; the lease for an
 	// outcome not recorded).
 	RetryDelay time.Duration
-	// ErrorDelay is the redelivery delay after the handler failed.
-	// Defaults to 0: Nak, redelivered at once.
+	// ErrorDelay is the redelivery delay after the handler failed on a
+	// message's first delivery. It doubles with each later delivery
+	// (the message's NumDelivered) up to MaxErrorDelay, jittered down to
+	// half, so that a message that always fails comes back ever more
+	// slowly instead of at once (with an unlimited MaxDeliver, for ever,
+	// at two store writes a turn), and messages that failed together do
+	// not come back together. Defaults to one second; a negative value
+	// naks at once, the former default.
 	ErrorDelay time.Duration
+	// MaxErrorDelay bounds the growth of ErrorDelay. Defaults to five
+	// minutes (and to ErrorDelay when that is longer).
+	MaxErrorDelay time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -114,6 +124,13 @@ func (c *Config) withDefaults() Config {
 	if cfg.HoldDelay <= 0 {
 		cfg.HoldDelay = time.Minute
 	}
+	if cfg.ErrorDelay == 0 {
+		cfg.ErrorDelay = time.Second
+	}
+	if cfg.MaxErrorDelay <= 0 {
+		cfg.MaxErrorDelay = 5 * time.Minute
+	}
+	cfg.MaxErrorDelay = max(cfg.MaxErrorDelay, cfg.ErrorDelay)
 	if cfg.Idem.Lease <= 0 {
 		cfg.Idem.Lease = 30 * time.Second
 	}
@@ -206,7 +223,7 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 	if handlerErr != nil {
 		// The core released the key (or marked it unknown when the
 		// handler said so); a redelivery decides again.
-		return d.settle(OutcomeFailed, handlerErr, slog.LevelInfo, "idemnats: handler failed; nak for redelivery", c.nak(c.cfg.ErrorDelay))
+		return d.settle(OutcomeFailed, handlerErr, slog.LevelInfo, "idemnats: handler failed; nak for redelivery", c.nak(c.errorDelay(d.md.NumDelivered)))
 	}
 	if err == nil {
 		if replayed {
@@ -255,7 +272,7 @@ func (d *delivery) missingID(ctx context.Context) (Outcome, error) {
 		return d.settle(OutcomeMissingID, errMissingID, slog.LevelError, "idemnats: message without id; terminated", term)
 	case RunUnprotected:
 		if err := c.handler(ctx, d.msg); err != nil {
-			return d.settle(OutcomeFailed, err, slog.LevelInfo, "idemnats: handler failed on a message without id (unprotected)", c.nak(c.cfg.ErrorDelay))
+			return d.settle(OutcomeFailed, err, slog.LevelInfo, "idemnats: handler failed on a message without id (unprotected)", c.nak(c.errorDelay(d.md.NumDelivered)))
 		}
 		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: message without id processed unprotected", ack)
 	}
@@ -290,6 +307,25 @@ func (c *Consumer) retryDelay(estimate time.Duration) time.Duration {
 		return c.cfg.RetryDelay
 	}
 	return max(estimate, time.Second)
+}
+
+// errorDelay returns the redelivery delay after the handler failed on the
+// delivered-th delivery: ErrorDelay doubled for each delivery before it, at
+// most MaxErrorDelay, jittered down to half (0 when ErrorDelay is
+// negative).
+func (c *Consumer) errorDelay(delivered uint64) time.Duration {
+	d := c.cfg.ErrorDelay
+	if d < 0 {
+		return 0
+	}
+	for i := uint64(1); i < delivered && d < c.cfg.MaxErrorDelay; i++ {
+		if d > c.cfg.MaxErrorDelay/2 {
+			d = c.cfg.MaxErrorDelay
+			break
+		}
+		d *= 2
+	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // nak returns the settle function that naks with delay (at once for 0).

@@ -228,6 +228,7 @@ func config(clock *idemtest.Clock, log *bytes.Buffer) *idemnats.Config {
 		},
 		HoldDelay:  50 * time.Millisecond,
 		RetryDelay: 50 * time.Millisecond,
+		ErrorDelay: 50 * time.Millisecond,
 	}
 }
 
