@@ -78,6 +78,8 @@ type attempt struct {
 	unknown  atomic.Bool
 	rejected atomic.Bool
 	span     Span // nil without a Tracer
+	// heartbeat is Call.Heartbeat: nil but for a Guard's caller that asked.
+	heartbeat func()
 
 	// Embedded so that one allocation serves the whole request.
 	body   []byte

@@ -895,6 +895,7 @@ type faultStore struct {
 	reserves                   atomic.Int64
 	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
+	loseRenew                  atomic.Bool // renewals answer ErrLeaseLost
 	// hung receives when a call hangs on its context (its deadline is
 	// set), renewed and completed when a KeyRenew or KeyComplete returned.
 	hung, renewed, completed chan struct{}
@@ -922,6 +923,10 @@ func (s *faultStore) hang(ctx context.Context) error {
 }
 
 func (s *faultStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	if s.loseRenew.Load() {
+		tell(s.renewed)
+		return idemstore.ErrLeaseLost
+	}
 	err := s.Store.KeyRenew(ctx, p)
 	tell(s.renewed)
 	return err
