@@ -411,5 +411,11 @@ func (d *decisions) get(endpoint string, dec idem.Decision) int {
 	return d.n[fmt.Sprintf("%s %s", endpoint, dec)]
 }
 
+// MessageTerminated counts a termination as the decision "terminated
+// OUTCOME" (see idemnats.TermMetrics).
+func (d *decisions) MessageTerminated(endpoint, outcome string) {
+	d.Decision(endpoint, "", idem.Decision("terminated "+outcome))
+}
+
 func (*decisions) StoreCall(string, time.Duration, error) {}
 func (*decisions) ResponseStored(string, int)             {}

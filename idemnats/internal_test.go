@@ -39,3 +39,28 @@ func TestErrorDelay(t *testing.T) {
 		t.Errorf("negative ErrorDelay: %v, want 0 (nak at once)", d)
 	}
 }
+
+func TestVersionAtLeast(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		version string
+		want    bool
+	}{
+		{"2.10.4", true},
+		{"v2.10.4", true},
+		{"2.10.5", true},
+		{"2.11.0", true},
+		{"3.0.0", true},
+		{"2.14.9-beta.1", true},
+		{"2.10.3", false},
+		{"2.9.10", false},
+		{"1.99.99", false},
+		{"", false},
+		{"2.10", false},
+		{"x.y.z", false},
+	} {
+		if got := versionAtLeast(tc.version, 2, 10, 4); got != tc.want {
+			t.Errorf("versionAtLeast(%q, 2.10.4) = %v, want %v", tc.version, got, tc.want)
+		}
+	}
+}
