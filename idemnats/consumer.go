@@ -315,16 +315,24 @@ var errMissingID = errors.New("idemnats: message without id")
 // settlement is what a delivery gets: an ack, a nak with a delay (at once
 // for 0), or a termination.
 type settlement struct {
-	kind  byte // 'a', 'n' or 't'
+	kind  settleKind
 	delay time.Duration
 }
 
-var (
-	acked      = settlement{kind: 'a'}
-	terminated = settlement{kind: 't'}
+type settleKind int
+
+const (
+	settleAck settleKind = iota
+	settleNak
+	settleTerm
 )
 
-func nakked(delay time.Duration) settlement { return settlement{kind: 'n', delay: delay} }
+var (
+	acked      = settlement{kind: settleAck}
+	terminated = settlement{kind: settleTerm}
+)
+
+func nakked(delay time.Duration) settlement { return settlement{kind: settleNak, delay: delay} }
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
@@ -398,16 +406,16 @@ func (d *delivery) last() bool {
 func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, s settlement) (Outcome, error) {
 	c := d.c
 	var cause Outcome
-	if s.kind == 'n' && d.last() {
+	if s.kind == settleNak && d.last() {
 		cause, o, s = o, OutcomeMaxDeliveries, terminated
 		level = slog.LevelError
 		text = "idemnats: last delivery the consumer's MaxDeliver allows could not be processed; terminated so that it is not dropped silently"
 	}
 	var serr error
 	switch s.kind {
-	case 'a':
+	case settleAck:
 		serr = d.msg.Ack()
-	case 'n':
+	case settleNak:
 		if s.delay <= 0 {
 			serr = d.msg.Nak()
 		} else {
