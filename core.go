@@ -78,6 +78,8 @@ type attempt struct {
 	unknown  atomic.Bool
 	rejected atomic.Bool
 	span     Span // nil without a Tracer
+	// heartbeat is Call.Heartbeat: nil but for a Guard's caller that asked.
+	heartbeat func()
 
 	// Embedded so that one allocation serves the whole request.
 	body   []byte
@@ -107,8 +109,9 @@ type verdict struct {
 	// retry is the Retry-After of a refusal, in whole seconds.
 	retry int
 	// err is the store's error (DecisionStoreError), or the caller's
-	// context error when it gave up waiting (DecisionInProgress, which is
-	// then not reported to Metrics: nobody was answered).
+	// context error when it gave up waiting (DecisionInProgress, which
+	// claim then does not report to Metrics: an adapter that still answers
+	// reports it).
 	err error
 	// held reports that the attempt holds a per-scope in-progress slot,
 	// which the caller returns with limits.done when the attempt ends.

@@ -52,6 +52,12 @@ type Call struct {
 	// with FingerprintJSON, FingerprintPayload or FingerprintBytes (or
 	// Fingerprint for an HTTP request).
 	Fingerprint string
+	// Heartbeat, when set, is called after each successful renewal of the
+	// lease while fn runs (every Config.Lease/3), on the renewal's
+	// goroutine: a message consumer uses it to tell its broker that the
+	// message is still being worked on. It is not called once the lease is
+	// lost, and should return quickly.
+	Heartbeat func()
 }
 
 // Result is what a protected function produced and what a replay returns:
@@ -120,7 +126,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 	if err := checkKey(call.Key, c.cfg.MinKeyLength); err != nil {
 		return Result{}, false, err
 	}
-	a := &attempt{c: c, id: call.Identity, fp: call.Fingerprint}
+	a := &attempt{c: c, id: call.Identity, fp: call.Fingerprint, heartbeat: call.Heartbeat}
 	if c.cfg.Tracer != nil {
 		var span Span
 		ctx, span = c.cfg.Tracer.Start(ctx, "idem.request")

@@ -87,6 +87,46 @@ func (b *guardBundle) state(t *testing.T, call idem.Call) idemstore.State {
 	return rec.State
 }
 
+// TestGuardHeartbeat: Call.Heartbeat is called after each renewal of the
+// lease while the function runs, and not once the lease is lost.
+func TestGuardHeartbeat(t *testing.T) {
+	t.Parallel()
+	const lease = 30 * time.Second
+	b := setupGuard(t, idem.Config{Lease: lease})
+	var beats atomic.Int64
+	beat := make(chan struct{}, 16)
+	call := callOne
+	call.Heartbeat = func() {
+		beats.Add(1)
+		beat <- struct{}{}
+	}
+	release := b.hold(call)
+	for i := range 3 {
+		b.clock.Advance(lease / 3)
+		select {
+		case <-beat:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no heartbeat after renewal %d", i+1)
+		}
+	}
+	for len(b.store.renewed) > 0 {
+		<-b.store.renewed
+	}
+	b.store.loseRenew.Store(true)
+	b.clock.Advance(lease / 3)
+	<-b.store.renewed
+	// The heartbeat would follow the renewal at once: give it the time to.
+	select {
+	case <-beat:
+		t.Fatal("a heartbeat after the lease was lost")
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	if n := beats.Load(); n != 3 {
+		t.Fatalf("%d heartbeats, want 3", n)
+	}
+}
+
 func TestGuardCompletesAndReplays(t *testing.T) {
 	t.Parallel()
 	b := setupGuard(t, idem.Config{})

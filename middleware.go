@@ -159,7 +159,12 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 			v.retry)
 	case DecisionInProgress:
 		if v.err != nil {
-			return // the client went away
+			// The request's context ended while it waited: the client
+			// left, or a timeout in front of this handler ended it. Answer
+			// all the same: nobody reads it in the first case, and in the
+			// second net/http would otherwise send an empty 200, which
+			// reads as success.
+			a.decision(DecisionInProgress)
 		}
 		m.answerInProgress(w, v.retry)
 	case DecisionKeyReused:

@@ -510,6 +510,61 @@ func TestInProgress(t *testing.T) {
 	})
 }
 
+// TestWaitEndedByContext ends a waiting duplicate's request context, as a
+// client that hangs up or a timeout middleware in front of the handler
+// does: the middleware still writes its answer, never net/http's implicit
+// empty 200, which a client behind such a timeout would read as success.
+func TestWaitEndedByContext(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		cause error
+	}{
+		{"client gone", context.Canceled},
+		{"inner timeout", context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			started, release, h := gate()
+			defer close(release)
+			b := setup(t, &idem.Config{Wait: time.Minute}, h)
+			go b.do(t, "POST", "key-one", "{}")
+			<-started // its lease renewal is the clock's first timer
+			ctx, cancel := context.WithCancelCause(context.Background())
+			res := make(chan *httptest.ResponseRecorder, 1)
+			go func() {
+				r := httptest.NewRequest("POST", "/v1/things", strings.NewReader("{}")).WithContext(ctx)
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set("Idempotency-Key", "key-one")
+				w := httptest.NewRecorder()
+				b.handler.ServeHTTP(w, r)
+				res <- w
+			}()
+			b.clock.WaitForTimers(2) // the waiter's bound: it waits
+			cancel(tc.cause)
+			requireProblem(t, answer(t, res), 409, "key-in-use")
+			if n := b.calls.Load(); n != 1 {
+				t.Fatalf("handler ran %d times, want 1", n)
+			}
+		})
+	}
+	t.Run("store fails during the wait", func(t *testing.T) {
+		t.Parallel()
+		started, release, h := gate()
+		b := setup(t, &idem.Config{Wait: time.Minute}, h)
+		first := b.goDo(t, "POST", "key-one", "{}")
+		<-started
+		waiter := b.goDo(t, "POST", "key-one", "{}")
+		b.clock.WaitForTimers(2) // the waiter's bound: it waits
+		b.store.failReserve.Store(true)
+		close(release) // the completion wakes the waiter, whose re-read fails
+		if w := answer(t, first); w.Code != 201 {
+			t.Fatalf("first: %d", w.Code)
+		}
+		requireProblem(t, answer(t, waiter), 503, "store-unavailable")
+	})
+}
+
 // TestLeaseRenewedWhileHandlerRuns keeps a handler running for longer than
 // its lease on the test clock: the middleware renews the lease every
 // Lease/3, so a duplicate gets key-in-use all along (an expired lease would
@@ -840,6 +895,7 @@ type faultStore struct {
 	reserves                   atomic.Int64
 	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
+	loseRenew                  atomic.Bool // renewals answer ErrLeaseLost
 	// hung receives when a call hangs on its context (its deadline is
 	// set), renewed and completed when a KeyRenew or KeyComplete returned.
 	hung, renewed, completed chan struct{}
@@ -867,6 +923,10 @@ func (s *faultStore) hang(ctx context.Context) error {
 }
 
 func (s *faultStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+	if s.loseRenew.Load() {
+		tell(s.renewed)
+		return idemstore.ErrLeaseLost
+	}
 	err := s.Store.KeyRenew(ctx, p)
 	tell(s.renewed)
 	return err

@@ -56,7 +56,8 @@ func (rn *renewer) renew() {
 		c.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 	}
 	rn.mu.Lock()
-	if !rn.stopped {
+	running := !rn.stopped
+	if running {
 		// Lease/3 after the last one was due, not after it returned, so
 		// that the pace does not drift with the store's latency, and at
 		// once when that is past already (the clock moved on meanwhile).
@@ -67,6 +68,9 @@ func (rn *renewer) renew() {
 		c.alarms.Set(&rn.alarm, rn, rn.due, 0)
 	}
 	rn.mu.Unlock()
+	if running && err == nil && a.heartbeat != nil {
+		a.heartbeat()
+	}
 }
 
 // stop ends the heartbeat; it is safe to call more than once.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -59,7 +61,8 @@ type ClientConfig struct {
 	// never modified. Defaults to none.
 	KeyField string
 	// NewKey makes the key of a covered call that has none, in its outgoing
-	// metadata or in KeyField. Defaults to NewKeyV4.
+	// metadata or in KeyField. Defaults to NewKeyV4. An error, or an
+	// empty key, fails the call with INTERNAL before anything is sent.
 	NewKey func() (string, error)
 	// RetryWaitMin and RetryWaitMax bound the waits computed by Backoff.
 	// Default to 250 ms and 30 s.
@@ -249,15 +252,12 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 	if !c.covered(method) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	key, err := c.key(ctx, req)
+	key, attach, err := c.key(ctx, req)
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}
-	if key != "" {
+	if attach {
 		ctx = metadata.AppendToOutgoingContext(ctx, MetadataKey, key)
-	} else {
-		md, _ := metadata.FromOutgoingContext(ctx)
-		key = md.Get(MetadataKey)[0]
 	}
 	cfg := &c.cfg
 	log := cfg.Logger.With(slog.String("method", method), slog.String("idempotency_key_hash", keyHash(key)))
@@ -307,24 +307,31 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 	}
 }
 
-// key returns the key to attach to a covered call, or "" when its outgoing
-// metadata already has one.
-func (c *client) key(ctx context.Context, req any) (string, error) {
+// key returns the key of a covered call, and whether to attach it: not
+// when its outgoing metadata already has one.
+func (c *client) key(ctx context.Context, req any) (key string, attach bool, err error) {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	if len(md.Get(MetadataKey)) > 0 {
-		return "", nil
+	if vs := md.Get(MetadataKey); len(vs) > 0 {
+		return vs[0], false, nil
 	}
 	if c.keyField != "" {
 		if msg, ok := req.(proto.Message); ok {
 			m := msg.ProtoReflect()
 			if fd := m.Descriptor().Fields().ByName(c.keyField); fd != nil && fd.Kind() == protoreflect.StringKind && !fd.IsList() && !fd.IsMap() {
 				if v := m.Get(fd).String(); v != "" {
-					return v, nil
+					return v, true, nil
 				}
 			}
 		}
 	}
-	return c.cfg.NewKey()
+	key, err = c.cfg.NewKey()
+	if err != nil {
+		return "", false, fmt.Errorf("idemgrpc: ClientConfig.NewKey: %w", err)
+	}
+	if key == "" {
+		return "", false, errors.New("idemgrpc: ClientConfig.NewKey returned an empty key")
+	}
+	return key, true, nil
 }
 
 // keyHash is the short hash under which keys appear in logs.

@@ -3,6 +3,7 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,6 +96,34 @@ func TestClientKeySources(t *testing.T) {
 	}
 	if keys[2] == keys[3] {
 		t.Errorf("two logical calls shared the key %q", keys[2])
+	}
+}
+
+// TestClientEmptyNewKey: a NewKey that returns "" without an error fails
+// the call with INTERNAL before anything is sent; it used to panic.
+func TestClientEmptyNewKey(t *testing.T) {
+	t.Parallel()
+	ccfg := fastRetries()
+	ccfg.NewKey = func() (string, error) { return "", nil }
+	b := setup(t, idemmem.New(nil), nil, idemgrpc.Config{}, ccfg)
+	var a answer
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("the call panicked: %v", p)
+			}
+		}()
+		a = call(context.Background(), b.conn, methodCreate, "", newRequest("acct-1", 500, ""))
+	}()
+	if status.Code(a.err) != codes.Internal || !strings.Contains(status.Convert(a.err).Message(), "NewKey") {
+		t.Fatalf("err = %v, want INTERNAL naming NewKey", a.err)
+	}
+	if keys := b.keys.list(); len(keys) != 0 {
+		t.Fatalf("%d attempts reached the server, want none", len(keys))
+	}
+	// A key in the caller's metadata does not ask NewKey.
+	if a := call(context.Background(), b.conn, methodCreate, "caller-key", newRequest("acct-1", 500, "")); a.err != nil {
+		t.Fatal(a.err)
 	}
 }
 

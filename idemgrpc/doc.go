@@ -23,6 +23,12 @@
 // answers a retry with the stored answer, which is what a key asks for.
 // Calls without a key pass through unless Config.RequireKey is set.
 //
+// Streaming calls are not protected. StreamServerInterceptor, installed
+// with the same Config, refuses every covered streaming method with
+// FAILED_PRECONDITION (STREAMING_UNSUPPORTED) instead of running it
+// unprotected; a stream that is not covered passes through. Without it,
+// gRPC runs streams past the unary interceptor whatever the Config says.
+//
 // The fingerprint is the request message's deterministic protobuf encoding
 // (proto.MarshalOptions{Deterministic: true}, map entries sorted), hashed
 // with the method name by idem.FingerprintBytes. It is taken from the
@@ -89,6 +95,7 @@
 //	store unavailable                 UNAVAILABLE          STORE_UNAVAILABLE + RetryInfo
 //	per-scope limit                   RESOURCE_EXHAUSTED   TOO_MANY_KEYS + RetryInfo
 //	Config.Scope failed               UNAUTHENTICATED      (no details)
+//	covered streaming method          FAILED_PRECONDITION  STREAMING_UNSUPPORTED
 //
 // A replay carries "idempotent-replayed: true" in its header and trailer
 // metadata. Header and trailer metadata the handler set is delivered with

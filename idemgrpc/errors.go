@@ -30,6 +30,9 @@ const (
 	ReasonNotReplayable    = "NOT_REPLAYABLE"
 	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
 	ReasonTooManyKeys      = "TOO_MANY_KEYS"
+	// ReasonStreamingUnsupported refuses a covered streaming call (see
+	// StreamServerInterceptor): it has no HTTP counterpart.
+	ReasonStreamingUnsupported = "STREAMING_UNSUPPORTED"
 )
 
 // refusal returns a status error with an ErrorInfo of reason and, when

@@ -47,9 +47,13 @@ var paymentsServiceDesc = grpc.ServiceDesc{
 func Example() {
 	store := idemmem.New(nil) // idemsqlite, idempgx or idemredis in production
 	// README
-	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, &idemgrpc.Config{
+	cfg := &idemgrpc.Config{
 		Methods: []string{"/shop.v1.Payments/Charge"}, // the mutations; nil covers every method
-	})))
+	}
+	srv := grpc.NewServer(
+		grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, cfg)),
+		grpc.StreamInterceptor(idemgrpc.StreamServerInterceptor(store, cfg)), // refuses covered streams
+	)
 	var charges atomic.Int64
 	srv.RegisterService(&paymentsServiceDesc, chargeFunc(func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
 		n := charges.Add(1)

@@ -36,6 +36,8 @@ import (
 const (
 	methodCreate = "/idem.test.v1.Payments/CreatePayment"
 	methodGet    = "/idem.test.v1.Payments/GetPayment"
+	// methodImport is a bidirectional stream: a payment for each request.
+	methodImport = "/idem.test.v1.Payments/ImportPayments"
 )
 
 var (
@@ -115,8 +117,9 @@ func get(m proto.Message, name string) protoreflect.Value {
 // service is the test server's implementation. handle, when set, replaces
 // the default handler, which answers a payment named after the run count.
 type service struct {
-	runs   atomic.Int64
-	handle func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error)
+	runs    atomic.Int64
+	streams atomic.Int64 // streaming calls that reached their handler
+	handle  func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error)
 }
 
 func (s *service) serve(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
@@ -153,7 +156,26 @@ func (s *service) desc() *grpc.ServiceDesc {
 		ServiceName: "idem.test.v1.Payments",
 		HandlerType: (*any)(nil),
 		Methods:     []grpc.MethodDesc{method("CreatePayment", methodCreate), method("GetPayment", methodGet)},
-		Metadata:    "idem/test/v1/payments.proto",
+		Streams: []grpc.StreamDesc{{
+			StreamName:    "ImportPayments",
+			ServerStreams: true,
+			ClientStreams: true,
+			Handler: func(_ any, stream grpc.ServerStream) error {
+				s.streams.Add(1)
+				for {
+					in := dynamicpb.NewMessage(requestDesc)
+					if err := stream.RecvMsg(in); err == io.EOF {
+						return nil
+					} else if err != nil {
+						return err
+					}
+					if err := stream.SendMsg(payment("imp", get(in, "amount_cents").Int(), get(in, "account").String())); err != nil {
+						return err
+					}
+				}
+			},
+		}},
+		Metadata: "idem/test/v1/payments.proto",
 	}
 }
 
@@ -222,7 +244,8 @@ func setup(t *testing.T, store idemstore.Store, clock *idemtest.Clock, cfg idemg
 		cfg.Resolver = testTypes
 	}
 	b := &bundle{store: store, svc: new(service), keys: new(recorder)}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(b.keys.intercept, idemgrpc.UnaryServerInterceptor(store, &cfg)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(b.keys.intercept, idemgrpc.UnaryServerInterceptor(store, &cfg)),
+		grpc.StreamInterceptor(idemgrpc.StreamServerInterceptor(store, &cfg)))
 	srv.RegisterService(b.svc.desc(), b.svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 
@@ -41,8 +42,8 @@ const (
 	statusTypeName  = "google.rpc.Status"
 )
 
-// Config configures UnaryServerInterceptor. A nil *Config means all
-// defaults.
+// Config configures UnaryServerInterceptor and StreamServerInterceptor. A
+// nil *Config means all defaults.
 type Config struct {
 	// Guard configures the core: TTL, Lease, Wait, MinKeyLength,
 	// MaxResponse (the largest response message stored), Keyring,
@@ -51,8 +52,10 @@ type Config struct {
 	// are ignored. Defaults to idem's defaults.
 	Guard *idem.Config
 	// Methods are the covered full method names ("/pkg.Service/Method").
-	// Nil covers every unary method; an empty, non-nil slice covers none.
-	// Covered, when set, takes precedence.
+	// Nil covers every method; an empty, non-nil slice covers none.
+	// Covered, when set, takes precedence. UnaryServerInterceptor protects
+	// the covered unary methods; StreamServerInterceptor refuses the
+	// covered streaming methods.
 	Methods []string
 	// Covered reports whether a full method name is covered. Defaults to
 	// membership in Methods.
@@ -177,6 +180,44 @@ func UnaryServerInterceptor(store idemstore.Store, cfg *Config) grpc.UnaryServer
 		s.resolver = protoregistry.GlobalTypes
 	}
 	return s.intercept
+}
+
+// StreamServerInterceptor returns an interceptor that refuses every covered
+// streaming call with FAILED_PRECONDITION (reason STREAMING_UNSUPPORTED)
+// before its handler runs, with or without a key. Streaming calls are not
+// protected yet, and a stream the configuration names as covered
+// (Config.Methods or Config.Covered, every method when both are unset)
+// must not run as though it were. Install it next to UnaryServerInterceptor
+// with the same store and cfg:
+//
+//	srv := grpc.NewServer(
+//		grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(store, cfg)),
+//		grpc.StreamInterceptor(idemgrpc.StreamServerInterceptor(store, cfg)),
+//	)
+//
+// and leave the streaming methods that may run unprotected (reads,
+// watches) out of Methods or Covered: a stream that is not covered passes
+// through. Each refusal is logged (Config.Guard's Logger) with the method.
+// store is not used yet; it is taken so that covering streams later needs
+// no change here.
+func StreamServerInterceptor(store idemstore.Store, cfg *Config) grpc.StreamServerInterceptor {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	covered := coverage(c.Methods, c.Covered)
+	log := slog.Default()
+	if c.Guard != nil && c.Guard.Logger != nil {
+		log = c.Guard.Logger
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !covered(info.FullMethod) {
+			return handler(srv, ss)
+		}
+		log.Warn("idemgrpc: refused a covered streaming call: streaming calls are not protected; leave the method out of Config.Methods or Config.Covered to let it run unprotected", "method", info.FullMethod)
+		return refusal(codes.FailedPrecondition, ReasonStreamingUnsupported,
+			"idempotency keys are not supported on streaming calls, and this server covers the method: the call was refused without running", 0)
+	}
 }
 
 // coverage returns the covered-method predicate of a config.

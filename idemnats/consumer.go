@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-dev/idem"
@@ -92,9 +95,35 @@ type Config struct {
 	// attempt in progress; one second for the store; the lease for an
 	// outcome not recorded).
 	RetryDelay time.Duration
-	// ErrorDelay is the redelivery delay after the handler failed.
-	// Defaults to 0: Nak, redelivered at once.
+	// ErrorDelay is the redelivery delay after the handler failed on a
+	// message's first delivery. It doubles with each later delivery
+	// (the message's NumDelivered) up to MaxErrorDelay, jittered down to
+	// half, so that a message that always fails comes back ever more
+	// slowly instead of at once (with an unlimited MaxDeliver, for ever,
+	// at two store writes a turn), and messages that failed together do
+	// not come back together. Defaults to one second; a negative value
+	// naks at once, the former default.
 	ErrorDelay time.Duration
+	// MaxErrorDelay bounds the growth of ErrorDelay. Defaults to five
+	// minutes (and to ErrorDelay when that is longer).
+	MaxErrorDelay time.Duration
+	// MaxDeliver is the consumer's MaxDeliver (jetstream.ConsumerConfig),
+	// when it has one: on that delivery a message that would be nak'ed
+	// (its handler failed, it is held as unknown or without an id, its id
+	// is in progress elsewhere, the store is down) is terminated instead,
+	// with the reason, logged as an error and counted (OutcomeMaxDeliveries),
+	// where JetStream would stop delivering it without a word. Set it to
+	// the consumer's value: a larger one leaves JetStream to drop the
+	// message silently. Defaults to 0: unlimited, JetStream's default.
+	MaxDeliver int
+	// Conn is the connection the messages arrive on. When it is set and
+	// its server understands a termination's reason (nats-server 2.10.4 and
+	// later; an earlier one ignores such a termination altogether, so the
+	// message would come back), the Consumer sends the reason with each
+	// termination (TermWithReason) and JetStream puts it in its
+	// MSG_TERMINATED advisory. Defaults to none: a plain Term; the reason
+	// is in the log.
+	Conn *nats.Conn
 }
 
 func (c *Config) withDefaults() Config {
@@ -114,6 +143,13 @@ func (c *Config) withDefaults() Config {
 	if cfg.HoldDelay <= 0 {
 		cfg.HoldDelay = time.Minute
 	}
+	if cfg.ErrorDelay == 0 {
+		cfg.ErrorDelay = time.Second
+	}
+	if cfg.MaxErrorDelay <= 0 {
+		cfg.MaxErrorDelay = 5 * time.Minute
+	}
+	cfg.MaxErrorDelay = max(cfg.MaxErrorDelay, cfg.ErrorDelay)
 	if cfg.Idem.Lease <= 0 {
 		cfg.Idem.Lease = 30 * time.Second
 	}
@@ -142,7 +178,18 @@ const (
 	OutcomeStoreUnavailable Outcome = "store_unavailable" // the store failed before the handler: nak with delay
 	OutcomeTooManyKeys      Outcome = "too_many_keys"     // a per-scope limit refused the id: nak with delay
 	OutcomeNotRecorded      Outcome = "not_recorded"      // the handler ran, its outcome not stored: nak with delay, never acked
+	// OutcomeMaxDeliveries: the last delivery Config.MaxDeliver allows
+	// would have been nak'ed (for any of the reasons above): term with the
+	// reason, logged as an error. Process's error is the cause.
+	OutcomeMaxDeliveries Outcome = "max_deliveries"
 )
+
+// TermMetrics is implemented by a Config.Idem.Metrics that counts the
+// messages a Consumer terminates, by endpoint and outcome (key_reused,
+// unknown, missing_id, max_deliveries); idemprom.Metrics does.
+type TermMetrics interface {
+	MessageTerminated(endpoint, outcome string)
+}
 
 // Consumer runs a Handler at most once per message id. It is safe for
 // concurrent use: one Consumer may serve many goroutines and subscriptions.
@@ -194,6 +241,7 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 	_, replayed, err := c.guard.Run(ctx, idem.Call{
 		Identity:    d.id,
 		Fingerprint: idem.FingerprintBytes(msg.Subject(), msg.Data()),
+		Heartbeat:   d.inProgress,
 	}, func(ctx context.Context) (idem.Result, error) {
 		if err := c.handler(ctx, msg); err != nil {
 			handlerErr = err
@@ -206,42 +254,42 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 	if handlerErr != nil {
 		// The core released the key (or marked it unknown when the
 		// handler said so); a redelivery decides again.
-		return d.settle(OutcomeFailed, handlerErr, slog.LevelInfo, "idemnats: handler failed; nak for redelivery", c.nak(c.cfg.ErrorDelay))
+		return d.settle(OutcomeFailed, handlerErr, slog.LevelInfo, "idemnats: handler failed; nak for redelivery", nakked(c.errorDelay(d.md.NumDelivered)))
 	}
 	if err == nil {
 		if replayed {
-			return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", ack)
+			return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", acked)
 		}
-		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: processed", ack)
+		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: processed", acked)
 	}
 	var ie *idem.Error
 	if !errors.As(err, &ie) {
 		// An invalid key, which c.key rules out.
-		return d.settle(OutcomeMissingID, err, slog.LevelError, "idemnats: message id refused; held", c.nak(c.cfg.HoldDelay))
+		return d.settle(OutcomeMissingID, err, slog.LevelError, "idemnats: message id refused; held", nakked(c.cfg.HoldDelay))
 	}
 	switch ie.Kind {
 	case idem.ErrNotReplayable:
 		// Completed without a stored result: processed all the same.
-		return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", ack)
+		return d.settle(OutcomeReplayed, nil, slog.LevelDebug, "idemnats: id already processed; acked without running", acked)
 	case idem.ErrInProgress:
-		return d.settle(OutcomeInProgress, err, slog.LevelInfo, "idemnats: id in progress elsewhere; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+		return d.settle(OutcomeInProgress, err, slog.LevelInfo, "idemnats: id in progress elsewhere; nak with delay", nakked(c.retryDelay(ie.RetryAfter)))
 	case idem.ErrOutcomeUnknown:
 		if c.cfg.Unknown == Term {
-			return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, terminated", term)
+			return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, terminated", terminated)
 		}
-		return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, held until it is settled", c.nak(c.cfg.HoldDelay))
+		return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, held until it is settled", nakked(c.cfg.HoldDelay))
 	case idem.ErrKeyReused:
-		return d.settle(OutcomeKeyReused, err, slog.LevelError, "idemnats: message id reused with another message; terminated", term)
+		return d.settle(OutcomeKeyReused, err, slog.LevelError, "idemnats: message id reused with another message; terminated", terminated)
 	case idem.ErrTooManyKeys:
-		return d.settle(OutcomeTooManyKeys, err, slog.LevelInfo, "idemnats: per-scope limit; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+		return d.settle(OutcomeTooManyKeys, err, slog.LevelInfo, "idemnats: per-scope limit; nak with delay", nakked(c.retryDelay(ie.RetryAfter)))
 	case idem.ErrNotRecorded:
 		// The handler's effect happened but is not on record: never ack.
 		// The record stays in progress until its lease ends, then turns
 		// unknown, so no redelivery runs the handler again.
-		return d.settle(OutcomeNotRecorded, err, slog.LevelError, "idemnats: handler ran but its outcome was not recorded; not acked", c.nak(c.retryDelay(c.cfg.Idem.Lease)))
+		return d.settle(OutcomeNotRecorded, err, slog.LevelError, "idemnats: handler ran but its outcome was not recorded; not acked", nakked(c.retryDelay(c.cfg.Idem.Lease)))
 	}
 	// ErrStoreUnavailable: the core logged the store's error.
-	return d.settle(OutcomeStoreUnavailable, err, slog.LevelWarn, "idemnats: store unavailable; nak with delay", c.nak(c.retryDelay(ie.RetryAfter)))
+	return d.settle(OutcomeStoreUnavailable, err, slog.LevelWarn, "idemnats: store unavailable; nak with delay", nakked(c.retryDelay(ie.RetryAfter)))
 }
 
 // missingID disposes of a message without an id as Config.MissingID says.
@@ -252,23 +300,39 @@ func (d *delivery) missingID(ctx context.Context) (Outcome, error) {
 	}
 	switch c.cfg.MissingID {
 	case Term:
-		return d.settle(OutcomeMissingID, errMissingID, slog.LevelError, "idemnats: message without id; terminated", term)
+		return d.settle(OutcomeMissingID, errMissingID, slog.LevelError, "idemnats: message without id; terminated", terminated)
 	case RunUnprotected:
 		if err := c.handler(ctx, d.msg); err != nil {
-			return d.settle(OutcomeFailed, err, slog.LevelInfo, "idemnats: handler failed on a message without id (unprotected)", c.nak(c.cfg.ErrorDelay))
+			return d.settle(OutcomeFailed, err, slog.LevelInfo, "idemnats: handler failed on a message without id (unprotected)", nakked(c.errorDelay(d.md.NumDelivered)))
 		}
-		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: message without id processed unprotected", ack)
+		return d.settle(OutcomeCompleted, nil, slog.LevelDebug, "idemnats: message without id processed unprotected", acked)
 	}
-	return d.settle(OutcomeMissingID, errMissingID, slog.LevelWarn, "idemnats: message without id; held", c.nak(c.cfg.HoldDelay))
+	return d.settle(OutcomeMissingID, errMissingID, slog.LevelWarn, "idemnats: message without id; held", nakked(c.cfg.HoldDelay))
 }
 
 var errMissingID = errors.New("idemnats: message without id")
 
-// ack and term settle a message.
-var (
-	ack  = jetstream.Msg.Ack
-	term = jetstream.Msg.Term
+// settlement is what a delivery gets: an ack, a nak with a delay (at once
+// for 0), or a termination.
+type settlement struct {
+	kind  settleKind
+	delay time.Duration
+}
+
+type settleKind int
+
+const (
+	settleAck settleKind = iota
+	settleNak
+	settleTerm
 )
+
+var (
+	acked      = settlement{kind: settleAck}
+	terminated = settlement{kind: settleTerm}
+)
+
+func nakked(delay time.Duration) settlement { return settlement{kind: settleNak, delay: delay} }
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
@@ -292,12 +356,23 @@ func (c *Consumer) retryDelay(estimate time.Duration) time.Duration {
 	return max(estimate, time.Second)
 }
 
-// nak returns the settle function that naks with delay (at once for 0).
-func (c *Consumer) nak(delay time.Duration) func(jetstream.Msg) error {
-	if delay <= 0 {
-		return jetstream.Msg.Nak
+// errorDelay returns the redelivery delay after the handler failed on the
+// delivered-th delivery: ErrorDelay doubled for each delivery before it, at
+// most MaxErrorDelay, jittered down to half (0 when ErrorDelay is
+// negative).
+func (c *Consumer) errorDelay(delivered uint64) time.Duration {
+	d := c.cfg.ErrorDelay
+	if d < 0 {
+		return 0
 	}
-	return func(msg jetstream.Msg) error { return msg.NakWithDelay(delay) }
+	for i := uint64(1); i < delivered && d < c.cfg.MaxErrorDelay; i++ {
+		if d > c.cfg.MaxErrorDelay/2 {
+			d = c.cfg.MaxErrorDelay
+			break
+		}
+		d *= 2
+	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // delivery is one message being processed.
@@ -309,11 +384,58 @@ type delivery struct {
 	id       idemstore.Identity
 }
 
-// settle acks, naks or terminates the message with f, logs what happened
-// at level and returns o with err (or f's error).
-func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, f func(jetstream.Msg) error) (Outcome, error) {
-	serr := f(d.msg)
-	log := d.c.log
+// inProgress tells JetStream that the message is still being worked on,
+// resetting its AckWait: the lease's heartbeat (idem.Call.Heartbeat).
+func (d *delivery) inProgress() {
+	if err := d.msg.InProgress(); err != nil {
+		d.c.log.Debug("idemnats: telling JetStream the message is in progress failed", "endpoint", d.endpoint,
+			"stream_seq", d.md.Sequence.Stream, "key_hash", d.id.LogHash(), "error", err)
+	}
+}
+
+// last reports whether this is the last delivery Config.MaxDeliver allows.
+func (d *delivery) last() bool {
+	return d.c.cfg.MaxDeliver > 0 && d.md.NumDelivered >= uint64(d.c.cfg.MaxDeliver)
+}
+
+// settle acks, naks or terminates the message as s says, logs what
+// happened at level and returns o with err (or the settling's error). A
+// nak on the last delivery MaxDeliver allows becomes a termination
+// (OutcomeMaxDeliveries). Terminations carry their reason (see
+// Config.Conn) and are counted (TermMetrics).
+func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, s settlement) (Outcome, error) {
+	c := d.c
+	var cause Outcome
+	if s.kind == settleNak && d.last() {
+		cause, o, s = o, OutcomeMaxDeliveries, terminated
+		level = slog.LevelError
+		text = "idemnats: last delivery the consumer's MaxDeliver allows could not be processed; terminated so that it is not dropped silently"
+	}
+	var serr error
+	switch s.kind {
+	case settleAck:
+		serr = d.msg.Ack()
+	case settleNak:
+		if s.delay <= 0 {
+			serr = d.msg.Nak()
+		} else {
+			serr = d.msg.NakWithDelay(s.delay)
+		}
+	default:
+		reason := "idemnats: " + string(o)
+		if cause != "" {
+			reason = fmt.Sprintf("idemnats: %s on delivery %d, the last MaxDeliver allows", cause, d.md.NumDelivered)
+		}
+		if c.termReason() {
+			serr = d.msg.TermWithReason(reason)
+		} else {
+			serr = d.msg.Term()
+		}
+		if tm, ok := c.cfg.Idem.Metrics.(TermMetrics); ok && serr == nil {
+			tm.MessageTerminated(d.endpoint, string(o))
+		}
+	}
+	log := c.log
 	if serr != nil {
 		level = max(level, slog.LevelWarn)
 		text += " (settling the message failed; JetStream redelivers it after AckWait)"
@@ -321,6 +443,9 @@ func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, f
 	if log.Enabled(context.Background(), level) {
 		attrs := []any{"outcome", string(o), "endpoint", d.endpoint,
 			"stream_seq", d.md.Sequence.Stream, "num_delivered", d.md.NumDelivered}
+		if cause != "" {
+			attrs = append(attrs, "cause", string(cause), "max_deliver", c.cfg.MaxDeliver)
+		}
 		if d.id.Key != "" {
 			attrs = append(attrs, "key_hash", d.id.LogHash())
 		}
@@ -336,4 +461,38 @@ func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, f
 		err = serr
 	}
 	return o, err
+}
+
+// termReason reports whether a termination may carry its reason: the
+// server of Config.Conn is nats-server 2.10.4 or later.
+func (c *Consumer) termReason() bool {
+	return c.cfg.Conn != nil && versionAtLeast(c.cfg.Conn.ConnectedServerVersion(), 2, 10, 4)
+}
+
+// versionAtLeast reports whether version ("2.10.4", "v2.11.0-beta") is at
+// least major.minor.patch; a version it cannot read is not.
+func versionAtLeast(version string, major, minor, patch int) bool {
+	version = strings.TrimPrefix(version, "v")
+	if i := strings.IndexAny(version, "-+"); i >= 0 {
+		version = version[:i]
+	}
+	parts := strings.Split(version, ".")
+	if len(parts) != 3 {
+		return false
+	}
+	var v [3]int
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return false
+		}
+		v[i] = n
+	}
+	want := [3]int{major, minor, patch}
+	for i := range v {
+		if v[i] != want[i] {
+			return v[i] > want[i]
+		}
+	}
+	return true
 }

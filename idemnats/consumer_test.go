@@ -366,12 +366,14 @@ func TestMissingID(t *testing.T) {
 }
 
 // TestKeyReused: the same id on another message is refused and the message
-// terminated; the first message's result stands.
+// terminated, which Metrics counts; the first message's result stands.
 func TestKeyReused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "sqlite", nil)
 	var runs atomic.Int64
+	var metrics decisions
 	cfg := config(b.clock, nil)
+	cfg.Idem.Metrics = &metrics
 	cfg.MessageID = eventID
 	c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
@@ -385,6 +387,9 @@ func TestKeyReused(t *testing.T) {
 	waitSettled(t, b.cons)
 	if runs.Load() != 1 {
 		t.Fatalf("the handler ran %d times, want 1", runs.Load())
+	}
+	if got := metrics.get(endpoint(b.stream), "terminated key_reused"); got != 1 {
+		t.Errorf("Metrics counted %d key_reused terminations, want 1", got)
 	}
 }
 

@@ -16,7 +16,11 @@
 //     nil the outcome is stored first and the message acked afterwards: an
 //     ack never gets ahead of the record. When it returns an error the key
 //     is released (in transactional mode the transaction rolls back) and the
-//     message nak'ed, so it is redelivered and runs again.
+//     message nak'ed with a delay that grows with its deliveries
+//     (Config.ErrorDelay), so it is redelivered and runs again, and a
+//     message that always fails does not spin. While the handler runs,
+//     each renewal of the record's lease tells JetStream the message is in
+//     progress (InProgress), so a handler longer than AckWait keeps it.
 //   - A completed id (a redelivery, or a duplicate published after the
 //     duplicate window) is acked without running the handler.
 //   - An id in progress elsewhere (another consumer still runs it) is nak'ed
@@ -48,8 +52,13 @@
 // The at-most-once promise is the store's: it holds across processes and
 // machines sharing a store. JetStream's own guarantees stay as configured:
 // a consumer's MaxDeliver bounds the redeliveries of held messages too
-// (leave it unlimited, the default, or set it knowingly), and its AckWait
-// should exceed the handler's usual run time, or the message is
-// redelivered to another consumer while it runs (which is safe: that one
-// finds the id in progress and naks with a delay).
+// (leave it unlimited, the default, or set it knowingly). When it is set,
+// give the Consumer the same number (Config.MaxDeliver): on that last
+// delivery a message that would be nak'ed is terminated instead, logged as
+// an error and counted (OutcomeMaxDeliveries, TermMetrics), rather than
+// dropped by JetStream without a word; with Config.Conn the termination
+// carries its reason on servers that read it. The consumer's AckWait
+// should exceed the lease's heartbeat (Lease/3, 10 s by default), or the
+// message is redelivered to another consumer while it runs (which is
+// safe: that one finds the id in progress and naks with a delay).
 package idemnats

@@ -228,6 +228,7 @@ func config(clock *idemtest.Clock, log *bytes.Buffer) *idemnats.Config {
 		},
 		HoldDelay:  50 * time.Millisecond,
 		RetryDelay: 50 * time.Millisecond,
+		ErrorDelay: 50 * time.Millisecond,
 	}
 }
 
@@ -408,6 +409,12 @@ func (d *decisions) get(endpoint string, dec idem.Decision) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.n[fmt.Sprintf("%s %s", endpoint, dec)]
+}
+
+// MessageTerminated counts a termination as the decision "terminated
+// OUTCOME" (see idemnats.TermMetrics).
+func (d *decisions) MessageTerminated(endpoint, outcome string) {
+	d.Decision(endpoint, "", idem.Decision("terminated "+outcome))
 }
 
 func (*decisions) StoreCall(string, time.Duration, error) {}

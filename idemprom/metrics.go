@@ -26,7 +26,8 @@ const DefaultMaxLabelValues = 100
 const maxLabelLength = 200
 
 // maxSmallLabelValues bounds the labels whose values the middleware itself
-// chooses from a short list (decision, op): a safety net, never reached.
+// chooses from a short list (decision, op, outcome): a safety net, never
+// reached.
 const maxSmallLabelValues = 32
 
 // Default histogram buckets.
@@ -85,8 +86,9 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	storeCalls *prometheus.HistogramVec
 	stored     *prometheus.HistogramVec
+	terminated *prometheus.CounterVec
 
-	endpoints, tenants, decisionValues, ops *labelLimiter
+	endpoints, tenants, decisionValues, ops, outcomes *labelLimiter
 
 	// totals counts decisions over all endpoints and tenants, for
 	// DecisionTotals: decision label value -> *atomic.Uint64.
@@ -111,6 +113,7 @@ func New(reg prometheus.Registerer, cfg *Config) *Metrics {
 		tenants:        newLabelLimiter(c.MaxLabelValues),
 		decisionValues: newLabelLimiter(maxSmallLabelValues),
 		ops:            newLabelLimiter(maxSmallLabelValues),
+		outcomes:       newLabelLimiter(maxSmallLabelValues),
 	}
 	m.decisions = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_decisions_total",
@@ -126,6 +129,10 @@ func New(reg prometheus.Registerer, cfg *Config) *Metrics {
 		Help:    "Size of the response bodies stored for replay.",
 		Buckets: c.SizeBuckets,
 	}, []string{"endpoint"}))
+	m.terminated = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_messages_terminated_total",
+		Help: "Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, missing_id, max_deliveries).",
+	}, []string{"endpoint", "outcome"}))
 	return m
 }
 
@@ -168,6 +175,12 @@ func (m *Metrics) StoreCall(op string, d time.Duration, err error) {
 // ResponseStored observes the size of a stored response body.
 func (m *Metrics) ResponseStored(endpoint string, bytes int) {
 	m.stored.WithLabelValues(m.endpoints.value(endpoint)).Observe(float64(bytes))
+}
+
+// MessageTerminated counts a message a consumer terminated, by endpoint
+// and outcome: idemnats reports its terminations here (idemnats.TermMetrics).
+func (m *Metrics) MessageTerminated(endpoint, outcome string) {
+	m.terminated.WithLabelValues(m.endpoints.value(endpoint), m.outcomes.value(outcome)).Inc()
 }
 
 // DecisionTotals returns the number of decisions of each kind counted by m

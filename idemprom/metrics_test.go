@@ -57,6 +57,27 @@ idem_decisions_total{decision="key_reused",endpoint="POST /v1/payments",tenant="
 	}
 }
 
+// TestMessagesTerminated: the terminations a message consumer reports are
+// counted by endpoint and outcome.
+func TestMessagesTerminated(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m := idemprom.New(reg, nil)
+	m.MessageTerminated("nats ORDERS/billing", "max_deliveries")
+	m.MessageTerminated("nats ORDERS/billing", "max_deliveries")
+	m.MessageTerminated("nats ORDERS/billing", "key_reused")
+
+	want := `
+# HELP idem_messages_terminated_total Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, missing_id, max_deliveries).
+# TYPE idem_messages_terminated_total counter
+idem_messages_terminated_total{endpoint="nats ORDERS/billing",outcome="key_reused"} 1
+idem_messages_terminated_total{endpoint="nats ORDERS/billing",outcome="max_deliveries"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idem_messages_terminated_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestLabelCardinalityIsBounded(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()

@@ -195,8 +195,8 @@ func Example_readmeNATS() {
 		log.Fatal(err)
 	}
 	billing := idemnats.New(store, func(ctx context.Context, msg jetstream.Msg) error {
-		return chargeOrder(ctx, msg.Data()) // an error naks the message: it runs again
-	}, nil)
+		return chargeOrder(ctx, msg.Data()) // an error naks the message: it runs again, after a backoff
+	}, &idemnats.Config{Conn: nc}) // terminations carry their reason (nats-server 2.10.4 and later)
 	cc, err := cons.Consume(billing.Handle)
 	if err != nil {
 		log.Fatal(err)
