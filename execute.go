@@ -6,17 +6,8 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 )
-
-// neverStored are headers never kept for replay, whatever the allow-list says.
-var neverStored = map[string]bool{
-	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
-	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, HeaderReplayed: true, idemcrypt.HeaderSealed: true,
-}
 
 // execute runs the handler under the lease this request holds.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {

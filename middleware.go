@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // HeaderKey is the request header that carries the idempotency key.
@@ -52,7 +53,7 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 	}
 	for _, h := range cfg.StoredHeaders {
 		name := http.CanonicalHeaderKey(h)
-		if !neverStored[name] {
+		if !neverstored.Has(name) { // whatever the allow-list says
 			m.stored[name] = true
 		}
 	}

@@ -10,12 +10,14 @@ import (
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // HeaderSealed is the one header of a sealed response as stored: its value
 // is "v1 NAME", the format and the name of the key that sealed it. The
-// middleware never stores a response header of this name.
-const HeaderSealed = "Idem-Sealed"
+// middleware and the reconciler by URL never store a response header of
+// this name (internal/neverstored).
+const HeaderSealed = neverstored.Sealed
 
 const formatV1 = "v1"
 
