@@ -246,6 +246,7 @@ func (c *core) unknownRetryAfter() int {
 // caller stops the heartbeat (a.renewer.stop) when the function returns.
 func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
 	a.execution = new(execution)
+	a.reserved = rec
 	a.renewer.start(a)
 	a.recoveryPoint = rec.RecoveryPoint
 	a.hctx = attemptCtx{Context: ctx, a: a}

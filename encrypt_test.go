@@ -2,17 +2,21 @@ package idem_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -75,6 +79,51 @@ func TestKeyringSealsStoredResponses(t *testing.T) {
 	}
 	if n := b.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+// getCounter is a memory store (transactions included) that counts KeyGet.
+type getCounter struct {
+	*idemmem.Store
+	gets atomic.Int64
+}
+
+func (s *getCounter) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	s.gets.Add(1)
+	return s.Store.KeyGet(ctx, id)
+}
+
+// The completion carries the reserved record, so sealing it for its
+// fingerprint and creation time costs no read: a new key stays one round
+// trip to reserve and one to complete, in plain mode and transactional.
+func TestKeyringSealsWithoutReading(t *testing.T) {
+	t.Parallel()
+	for _, tx := range []bool{false, true} {
+		store := &getCounter{Store: idemmem.New(nil)}
+		h := idem.New(store, &idem.Config{Keyring: testKeyring(t, "k1"), Transactional: tx})(http.HandlerFunc(secretHandler))
+		do := func() *httptest.ResponseRecorder {
+			r := httptest.NewRequest("POST", "/v1/cards", strings.NewReader(`{"amount":1}`))
+			r.Header.Set(idem.HeaderKey, "key-one")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w
+		}
+		if w := do(); w.Code != http.StatusCreated {
+			t.Fatalf("transactional %v: first: %d %s", tx, w.Code, w.Body)
+		}
+		if n := store.gets.Load(); n != 0 {
+			t.Fatalf("transactional %v: %d KeyGet calls to seal the completion, want 0", tx, n)
+		}
+		recs, err := store.KeyList(t.Context(), &idemstore.ListParams{})
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("KeyList = %v, %v", recs, err)
+		}
+		if v := recs[0].Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 k1" {
+			t.Fatalf("transactional %v: stored sealed %q, want v2 k1", tx, v)
+		}
+		if w := do(); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), secretMarker) {
+			t.Fatalf("transactional %v: replay: %d %s", tx, w.Code, w.Body)
+		}
 	}
 }
 

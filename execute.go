@@ -99,7 +99,7 @@ func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt
 
 func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
 	p := &a.complete
-	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
+	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, Record: a.reserved}
 	if rec == recordNotReplayable {
 		p.NotReplayable = true
 	} else {
@@ -141,6 +141,10 @@ func (m *middleware) storedHeader(h http.Header) http.Header {
 // execution is the part of an attempt only a request that runs the handler
 // needs, in one allocation: a replay or a 409 does not pay for it.
 type execution struct {
+	// reserved is the record as this attempt reserved it: the completion
+	// carries it, so that the encryption binds the response to the
+	// record's fingerprint and creation time without reading it again.
+	reserved   *idemstore.Record
 	hctx       attemptCtx
 	bodyReader bodyReader
 	complete   idemstore.CompleteParams

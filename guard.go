@@ -246,7 +246,7 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 	var p *idemstore.CompleteParams
 	if o.record == recordCompleted || o.record == recordNotReplayable {
 		p = &a.complete
-		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable}
+		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable, Record: a.reserved}
 		if o.record == recordCompleted {
 			status := res.Status
 			if status == 0 {

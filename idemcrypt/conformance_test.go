@@ -53,3 +53,40 @@ func TestForwardsReconcileState(t *testing.T) {
 		t.Fatalf("KeyGet after purge = %v, want ErrNotFound", err)
 	}
 }
+
+// TestRotateUpgradesV1: a response sealed in format v1 under the sealing
+// key itself is rewritten in the current format, and opens after.
+func TestRotateUpgradesV1(t *testing.T) {
+	t.Parallel()
+	kr, err := idemcrypt.NewKeyring(legacyKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	store := idemmem.New(nil)
+	p := &idemstore.ReserveParams{Identity: legacyID, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour}
+	if _, err := store.KeyReserve(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.KeyComplete(ctx, &idemstore.CompleteParams{Identity: legacyID, Token: "t", Response: legacyResponse(t)}); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := idemcrypt.Rotate(ctx, store, kr, nil)
+	if err != nil || prog.Resealed != 1 {
+		t.Fatalf("Rotate = %+v, %v; want 1 resealed", prog, err)
+	}
+	raw, err := store.KeyGet(ctx, legacyID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := raw.Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 legacy" {
+		t.Fatalf("after rotation the record is sealed %q, want v2 legacy", v)
+	}
+	got, err := idemcrypt.New(store, kr).KeyGet(ctx, legacyID)
+	if err != nil || string(got.Response.Body) != `{"id":"pay_1","card":"4242"}` {
+		t.Fatalf("KeyGet after rotation = %+v, %v", got, err)
+	}
+	if again, err := idemcrypt.Rotate(ctx, store, kr, nil); err != nil || again.Current != 1 || again.Resealed != 0 {
+		t.Fatalf("second Rotate = %+v, %v; want 1 current", again, err)
+	}
+}

@@ -31,7 +31,8 @@ type RotateProgress struct {
 	// Scanned counts the completed records looked at.
 	Scanned int
 	// Resealed counts the responses rewritten under the sealing key: those
-	// sealed under another key and those stored in the clear.
+	// sealed under another key or in format v1, and those stored in the
+	// clear.
 	Resealed int
 	// Current counts the responses already under the sealing key, and
 	// records with no stored response.
@@ -64,8 +65,10 @@ func (p RotateProgress) FailedKeys() []string {
 }
 
 // Rotate rewrites every completed record's response under kr's sealing key,
-// in batches of cfg.Batch: responses sealed under another key of kr are
-// opened and sealed again, responses stored in the clear are sealed. It
+// in batches of cfg.Batch: responses sealed under another key of kr, or in
+// the former format v1 (which does not bind the fingerprint and the
+// creation time), are opened and sealed again, responses stored in the
+// clear are sealed. It
 // works on the records as stored, so store is the store below the
 // encrypting wrapper (a *Store from New is unwrapped), and it must
 // implement idemstore.Resealer.
@@ -136,17 +139,17 @@ func rotateOne(ctx context.Context, rs idemstore.Resealer, kr *Keyring, rec *ide
 		prog.Current++
 		return nil
 	}
-	name, sealed := SealedBy(rec.Response)
-	if sealed && name == kr.Primary() {
+	name, _ := SealedBy(rec.Response)
+	if current(rec.Response) && name == kr.Primary() {
 		prog.Current++
 		return nil
 	}
-	plain, err := kr.Open(rec.Identity, rec.Response)
+	plain, err := kr.Open(BindingOf(rec), rec.Response)
 	if err != nil {
 		prog.Unopenable[name]++
 		return nil
 	}
-	resp, err := kr.Seal(rec.Identity, plain)
+	resp, err := kr.Seal(BindingOf(rec), plain)
 	if err != nil {
 		return err
 	}

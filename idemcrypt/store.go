@@ -73,7 +73,7 @@ type sealingTx struct {
 
 // KeyComplete seals the response and completes in the transaction.
 func (t *sealingTx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	q, err := t.s.sealComplete(p)
+	q, err := t.s.sealComplete(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
 	if _, sealed := SealedBy(rec.Response); !sealed {
 		return rec, nil
 	}
-	resp, err := s.kr.Open(rec.Identity, rec.Response)
+	resp, err := s.kr.Open(BindingOf(rec), rec.Response)
 	if err != nil {
 		return nil, fmt.Errorf("opening the stored response of record %s: %w", rec.LogHash(), err)
 	}
@@ -128,25 +128,50 @@ func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
 	return &out, nil
 }
 
-// seal returns resp sealed for id, or resp when there is no keyring.
-func (s *Store) seal(id idemstore.Identity, resp *idemstore.Response) (*idemstore.Response, error) {
+// seal returns resp sealed for the record that a write fenced on (id,
+// token) stores it on, or resp when there is no keyring. rec is the record
+// as the caller reserved or read it, or nil.
+func (s *Store) seal(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record, resp *idemstore.Response) (*idemstore.Response, error) {
 	if s.kr == nil || resp == nil {
 		return resp, nil
 	}
-	sealed, err := s.kr.Seal(id, resp)
+	b, err := s.binding(ctx, id, token, rec)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := s.kr.Seal(b, resp)
 	if err != nil {
 		return nil, fmt.Errorf("sealing the response of record %s: %w", id.LogHash(), err)
 	}
 	return sealed, nil
 }
 
-func (s *Store) sealComplete(p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
+// binding returns the binding of the record a write fenced on (id, token)
+// stores its response on: rec's when the caller passed that record, else
+// the record's as the store holds it (one read more). When the store holds
+// no record of that token, the write that follows fails on its fencing
+// whatever it carries, so the binding of what the store holds will do.
+func (s *Store) binding(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record) (Binding, error) {
+	if rec != nil && rec.Identity == id && rec.Token == token {
+		return BindingOf(rec), nil
+	}
+	cur, err := s.inner.KeyGet(ctx, id)
+	switch {
+	case errors.Is(err, idemstore.ErrNotFound):
+		return Binding{Identity: id}, nil
+	case err != nil:
+		return Binding{}, fmt.Errorf("reading record %s to seal its response: %w", id.LogHash(), err)
+	}
+	return BindingOf(cur), nil
+}
+
+func (s *Store) sealComplete(ctx context.Context, p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
 	if s.kr == nil || p.Response == nil || p.NotReplayable {
 		return p, nil
 	}
 	q := *p
 	var err error
-	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+	if q.Response, err = s.seal(ctx, p.Identity, p.Token, p.Record, p.Response); err != nil {
 		return nil, err
 	}
 	return &q, nil
@@ -197,7 +222,7 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 
 // KeyComplete seals the response and completes through the wrapped store.
 func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	q, err := s.sealComplete(p)
+	q, err := s.sealComplete(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -230,7 +255,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	if s.kr != nil && p.Response != nil && p.To == idemstore.StateCompleted {
 		q := *p
 		var err error
-		if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+		if q.Response, err = s.seal(ctx, p.Identity, p.Token, p.Record, p.Response); err != nil {
 			return err
 		}
 		p = &q
@@ -283,7 +308,7 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	}
 	q := *p
 	var err error
-	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+	if q.Response, err = s.seal(ctx, p.Identity, p.Token, nil, p.Response); err != nil {
 		return err
 	}
 	return rs.KeyReseal(ctx, &q)

@@ -270,6 +270,50 @@ func testEncryption(t *testing.T, setup setupFunc) {
 		}
 	})
 
+	t.Run("EarlierIncarnation", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		enc := idemcrypt.New(b.store, newKeyring(t, "k1"))
+		b.completeWith(t, enc, b.id, secretResponse())
+		saved := b.get(t, b.id).Response
+		requireSealed(t, b.get(t, b.id), "k1")
+
+		// The record is purged and the key used again at once, for another
+		// request: same identity, same creation time, another fingerprint.
+		if _, err := b.store.KeyPurge(b.ctx, &idemstore.PurgeParams{Identity: b.id}); err != nil {
+			t.Fatal(err)
+		}
+		p := b.params(b.id)
+		p.Fingerprint = otherFingerprint
+		b.reserveNew(t, p)
+		b.complete(t, b.id, p.Token, saved) // the answer saved earlier, planted
+		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on another fingerprint: KeyGet = %+v, %v; want ErrOpen", r, err)
+		}
+		if _, err := enc.KeyReserve(b.ctx, p); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on another fingerprint: KeyReserve = %v; want ErrOpen", err)
+		}
+
+		// The record expires and the key is used again later for the same
+		// request: same identity and fingerprint, another creation time.
+		b.clock.Advance(testTTL + time.Second)
+		p = b.params(b.id)
+		b.reserveNew(t, p)
+		b.complete(t, b.id, p.Token, saved)
+		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on a later record: KeyGet = %+v, %v; want ErrOpen", r, err)
+		}
+
+		// Its own answer, sealed for it, opens.
+		b.clock.Advance(testTTL + time.Second)
+		b.completeWith(t, enc, b.id, secretResponse())
+		got, err := enc.KeyGet(b.ctx, b.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireResponse(t, got, secretResponse())
+	})
+
 	t.Run("Rotation", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
