@@ -116,6 +116,15 @@ type Config struct {
 	// stored in the clear and a sealed record is answered the same way.
 	// Defaults to none.
 	Keyring *idemcrypt.Keyring
+	// EncryptionRequired refuses to replay a stored response that is not
+	// sealed in the current format: one stored in the clear (which anyone
+	// who can write to the store can plant) or sealed by idemcrypt's format
+	// v1 (not bound to the record's fingerprint and creation time). Such a
+	// record is answered 500 response-untrusted and its request is never
+	// run again (not even with FailOpen). Turn it on once `idem keys
+	// rotate-encryption` (idemcrypt.Rotate) has sealed every record. It
+	// needs a Keyring. Defaults to false: such records replay as stored.
+	EncryptionRequired bool
 	// Redact, when set, returns the body to store for replay in place of
 	// body (status and header are those stored; body must not be
 	// modified). It changes what a replay returns: the first answer is

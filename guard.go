@@ -142,7 +142,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 		// caller gets copies it may change.
 		return Result{Status: resp.Status, Meta: cloneMeta(resp.Header), Body: slices.Clone(resp.Body)}, true, nil
 	case DecisionStoreError:
-		if c.cfg.FailOpen {
+		if c.cfg.FailOpen && mayFailOpen(v.err) {
 			c.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", v.err)
 			res, err := fn(ctx)
 			return res, false, err
@@ -198,6 +198,8 @@ func (v *verdict) error() error {
 		e.Kind = ErrNotReplayable
 	case DecisionTooManyKeys:
 		e.Kind = ErrTooManyKeys
+	case DecisionUntrusted:
+		e.Kind = ErrResponseUntrusted
 	default:
 		e.Kind = ErrStoreUnavailable
 	}

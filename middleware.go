@@ -168,6 +168,9 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case DecisionTooManyKeys:
 		m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
 			"Too many idempotency keys in progress or created for this tenant.", v.retry)
+	case DecisionUntrusted:
+		m.writeProblem(w, http.StatusInternalServerError, CodeResponseUntrusted,
+			"The request with this Idempotency-Key completed, but its stored response failed verification: it is not replayed, and the request is not run again.", 0)
 	default:
 		m.storeFailed(w, r, next, a, v.err)
 	}
@@ -176,7 +179,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 // storeFailed fails closed: 503 unless the development fail-open switch is
 // on. The core logged the failure and counted the decision.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, err error) {
-	if m.cfg.FailOpen {
+	if m.cfg.FailOpen && mayFailOpen(err) {
 		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 		next.ServeHTTP(w, r)
 		return

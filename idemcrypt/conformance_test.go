@@ -90,3 +90,51 @@ func TestRotateUpgradesV1(t *testing.T) {
 		t.Fatalf("second Rotate = %+v, %v; want 1 current", again, err)
 	}
 }
+
+// TestRequired: with Config.Required a response stored in the clear, or
+// sealed in format v1, is refused by the reads that replay (ErrNotSealed);
+// a v2 one opens.
+func TestRequired(t *testing.T) {
+	t.Parallel()
+	kr, err := idemcrypt.NewKeyring(legacyKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	raw := idemmem.New(nil)
+	complete := func(s idemstore.Store, id idemstore.Identity, resp *idemstore.Response) {
+		t.Helper()
+		p := &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t-" + id.Key, Lease: time.Minute, TTL: time.Hour}
+		if _, err := s.KeyReserve(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: p.Token, Response: resp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plainID := idemstore.Identity{Endpoint: "POST /v1/payments", Key: "plain"}
+	complete(raw, plainID, &idemstore.Response{Status: 201, Body: []byte("planted")})
+	complete(raw, legacyID, legacyResponse(t))
+	sealedID := idemstore.Identity{Endpoint: "POST /v1/payments", Key: "sealed"}
+	complete(idemcrypt.New(raw, kr), sealedID, &idemstore.Response{Status: 201, Body: []byte("ok")})
+
+	req := idemcrypt.NewWithConfig(raw, &idemcrypt.Config{Keyring: kr, Required: true})
+	for _, id := range []idemstore.Identity{plainID, legacyID} {
+		if r, err := req.KeyGet(ctx, id); !errors.Is(err, idemcrypt.ErrNotSealed) {
+			t.Fatalf("%s: KeyGet = %+v, %v; want ErrNotSealed", id.Key, r, err)
+		}
+		p := &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "other", Lease: time.Minute, TTL: time.Hour}
+		if r, err := req.KeyReserve(ctx, p); !errors.Is(err, idemcrypt.ErrNotSealed) {
+			t.Fatalf("%s: KeyReserve = %+v, %v; want ErrNotSealed", id.Key, r, err)
+		}
+	}
+	if r, err := req.KeyGet(ctx, sealedID); err != nil || string(r.Response.Body) != "ok" {
+		t.Fatalf("sealed: KeyGet = %+v, %v", r, err)
+	}
+	// Without Required both still open (the default).
+	for _, id := range []idemstore.Identity{plainID, legacyID} {
+		if _, err := idemcrypt.New(raw, kr).KeyGet(ctx, id); err != nil {
+			t.Fatalf("%s without Required: %v", id.Key, err)
+		}
+	}
+}

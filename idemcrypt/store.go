@@ -13,8 +13,26 @@ import (
 // returns it, or a value embedding it that also implements
 // idemstore.Waiter and idemstore.TxStore when the wrapped store does.
 type Store struct {
-	inner idemstore.Store
-	kr    *Keyring
+	inner    idemstore.Store
+	kr       *Keyring
+	required bool
+}
+
+// Config configures NewWithConfig. A nil *Config means all defaults.
+type Config struct {
+	// Keyring seals every stored response under its first key and opens
+	// responses sealed under any of its keys. Defaults to nil: nothing is
+	// sealed, and sealed records are refused (a *KeyError wrapping
+	// ErrUnknownKey).
+	Keyring *Keyring
+	// Required refuses, with ErrNotSealed, every stored response that is
+	// not sealed in the current format: one stored in the clear, which
+	// anyone who can write to the store can plant, and one sealed in format
+	// v1, which is not bound to its record's fingerprint and creation time.
+	// Turn it on once Rotate has sealed every record. Defaults to false:
+	// such responses are returned as they are (v1 ones opened), so records
+	// stored before encryption was turned on keep replaying.
+	Required bool
 }
 
 var (
@@ -34,10 +52,21 @@ var (
 // return the driver's transaction from Driver, so the drivers'
 // TxFromContext keep working. store must not be nil.
 func New(store idemstore.Store, kr *Keyring) idemstore.Store {
+	return NewWithConfig(store, &Config{Keyring: kr})
+}
+
+// NewWithConfig is New with cfg's keyring and, with cfg.Required, the
+// refusal of every response not sealed in the current format (ErrNotSealed).
+// cfg may be nil.
+func NewWithConfig(store idemstore.Store, cfg *Config) idemstore.Store {
 	if store == nil {
 		panic("idemcrypt: New needs a store")
 	}
-	s := &Store{inner: store, kr: kr}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	s := &Store{inner: store, kr: c.Keyring, required: c.Required}
 	w, isWaiter := store.(idemstore.Waiter)
 	ts, isTx := store.(idemstore.TxStore)
 	switch {
@@ -113,11 +142,17 @@ func (s *Store) Keyring() *Keyring { return s.kr }
 // is not sealed, else a copy (rec may be shared, see
 // idemstore.ReserveResult).
 func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
-	if rec == nil {
-		return nil, nil
-	}
-	if _, sealed := SealedBy(rec.Response); !sealed {
+	if rec == nil || rec.Response == nil {
 		return rec, nil
+	}
+	format, _, sealed := sealedFormat(rec.Response)
+	switch {
+	case !sealed && s.required:
+		return nil, fmt.Errorf("the stored response of record %s: %w (stored in the clear)", rec.LogHash(), ErrNotSealed)
+	case !sealed:
+		return rec, nil
+	case format != formatV2 && s.required:
+		return nil, fmt.Errorf("the stored response of record %s: %w (sealed in format %s)", rec.LogHash(), ErrNotSealed, format)
 	}
 	resp, err := s.kr.Open(BindingOf(rec), rec.Response)
 	if err != nil {
@@ -185,16 +220,19 @@ type invalidator interface {
 // KeyReserve reserves through the wrapped store and opens the response of
 // the record it returns. A record sealed under a key the keyring does not
 // hold fails with a *KeyError wrapping ErrUnknownKey (the middleware
-// answers 503 store-unavailable). When a cache sits below (idemcache), it
-// may hold a copy sealed under a key since retired by rotation: the copy is
-// dropped and the store asked once more.
+// answers 503 store-unavailable); one that does not open, with ErrOpen, and
+// with Config.Required one not sealed in the current format, with
+// ErrNotSealed (the middleware answers both 500 response-untrusted). When
+// a cache sits below (idemcache), it may hold a copy sealed under a key
+// since retired by rotation, or from before rotation sealed it: the copy
+// is dropped and the store asked once more.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	res, err := s.inner.KeyReserve(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	rec, err := s.open(res.Record)
-	if errors.Is(err, ErrUnknownKey) {
+	if errors.Is(err, ErrUnknownKey) || errors.Is(err, ErrNotSealed) {
 		if inv, ok := s.inner.(invalidator); ok && inv.Invalidate(ctx, p.Identity) == nil {
 			if res, err = s.inner.KeyReserve(ctx, p); err != nil {
 				return nil, err

@@ -14,12 +14,31 @@ import (
 )
 
 // keyringFlag is --encryption-keys-file: the path of the keys file, never
-// key material (a flag value shows in ps).
-type keyringFlag struct{ path string }
+// key material (a flag value shows in ps); and, on the commands that
+// replay stored responses, --encryption-required.
+type keyringFlag struct {
+	path     string
+	required bool
+}
 
 func (k *keyringFlag) register(fs *flagSet) {
 	fs.StringVar(&k.path, "encryption-keys-file", "",
 		"`PATH` of a file of NAME:BASE64 lines (32 random bytes each, e.g. openssl rand -base64 32): stored responses are encrypted under the first key, opened with any")
+}
+
+// registerRequired adds --encryption-required, for the commands whose
+// middleware replays stored responses (proxy, payments).
+func (k *keyringFlag) registerRequired(fs *flagSet) {
+	fs.BoolVar(&k.required, "encryption-required", false,
+		"refuse to replay a stored response that is not encrypted (or encrypted before responses were bound to their request): 500 response-untrusted, and the request is never run again; turn on once keys rotate-encryption has sealed every record")
+}
+
+// check refuses --encryption-required without a keys file.
+func (k *keyringFlag) check() error {
+	if k.required && k.path == "" {
+		return usageErrorf("--encryption-required (or %s) needs --encryption-keys-file (or %s)", envName("encryption-required"), envName("encryption-keys-file"))
+	}
+	return nil
 }
 
 // load returns the keyring, or nil without the flag.

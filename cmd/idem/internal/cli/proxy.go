@@ -87,6 +87,7 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://…, redis+cluster://…, redis+sentinel://… or memory: (in-process LRU); off by default")
 	o.keyring.register(fs)
+	o.keyring.registerRequired(fs)
 	fs.Var(fieldsValue{&o.redact}, "redact-json-fields", "comma-separated JSON member `PATHS` (token,card.number) removed from stored bodies: replays lack them, the first answer has them")
 	fs.BoolVar(&o.async, "async", o.async, "answer a retry of a request still in progress 202 Accepted with Retry-After instead of 409 key-in-use")
 	fs.Var(problemBaseValue{&o.problemBase}, "problem-base-uri", "`URI` the problem code is appended to, to form a problem+json \"type\"")
@@ -98,6 +99,9 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		return nil, err
 	}
 	if err := o.reconcile.check(o.maintain); err != nil {
+		return nil, err
+	}
+	if err := o.keyring.check(); err != nil {
 		return nil, err
 	}
 	if o.upstream == nil {
@@ -269,6 +273,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	cfg := o.config(e)
 	cfg.Metrics = opsHandler.Metrics
 	cfg.Keyring = keyring
+	cfg.EncryptionRequired = o.keyring.required
 	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
