@@ -137,4 +137,14 @@ func TestRequired(t *testing.T) {
 			t.Fatalf("%s without Required: %v", id.Key, err)
 		}
 	}
+	// A list shows them all, the refused ones as stored.
+	recs, err := req.KeyList(ctx, &idemstore.ListParams{})
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("KeyList = %d records, %v; want 3", len(recs), err)
+	}
+	for _, r := range recs {
+		if r.Identity == legacyID && r.Response.Header.Get(idemcrypt.HeaderSealed) != "v1 legacy" {
+			t.Fatalf("KeyList changed the refused v1 record: %+v", r.Response)
+		}
+	}
 }

@@ -315,15 +315,23 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	return s.inner.KeyReap(ctx, p)
 }
 
-// KeyList is the wrapped store's KeyList with every response opened. One
-// record that does not open fails the page: use Rotate, which works on the
-// sealed records, to find and re-encrypt them.
+// KeyList is the wrapped store's KeyList with every response opened. A
+// record whose response does not open (sealed under a key the keyring does
+// not hold, not authenticating, or refused by Config.Required) does not
+// fail the page: it is listed with its response as stored, which SealedBy
+// names the key of. One such record would otherwise hide every other from
+// `idem keys` and the console. Rotate reports them by key.
 func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
 	recs, err := s.inner.KeyList(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	return s.openAll(recs)
+	for i, r := range recs {
+		if o, err := s.open(r); err == nil {
+			recs[i] = o
+		}
+	}
+	return recs, nil
 }
 
 func (s *Store) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
