@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -273,5 +274,40 @@ func TestOpenV1(t *testing.T) {
 	v3.Header.Set(idemcrypt.HeaderSealed, "v3 legacy")
 	if _, ok := idemcrypt.SealedBy(v3); ok {
 		t.Fatal("SealedBy accepts format v3")
+	}
+}
+
+// A keys file that group or others can write is refused: any local user
+// could put a key of their own first, and every response would be sealed
+// under it. One only readable by others loads (the commands warn).
+func TestLoadKeyringRefusesAWritableFile(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("no Unix permission bits")
+	}
+	for _, tt := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{
+		{0o600, true}, {0o400, true}, {0o640, true}, {0o644, true},
+		{0o620, false}, {0o602, false}, {0o666, false}, {0o660, false},
+	} {
+		path := filepath.Join(t.TempDir(), "keys")
+		m := material(32)
+		if err := os.WriteFile(path, []byte("k1:"+m+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		kr, err := idemcrypt.LoadKeyring(path)
+		switch {
+		case tt.ok && err != nil:
+			t.Errorf("mode %v: LoadKeyring = %v", tt.mode, err)
+		case !tt.ok && (!errors.Is(err, idemcrypt.ErrKeysFileWritable) || kr != nil):
+			t.Errorf("mode %v: LoadKeyring = %v, %v; want ErrKeysFileWritable", tt.mode, kr, err)
+		case !tt.ok && (!strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tt.mode.String()) || strings.Contains(err.Error(), m)):
+			t.Errorf("mode %v: the error %q should name the file and its mode, never the material", tt.mode, err)
+		}
 	}
 }

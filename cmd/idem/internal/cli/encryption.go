@@ -41,14 +41,20 @@ func (k *keyringFlag) check() error {
 	return nil
 }
 
-// load returns the keyring, or nil without the flag.
-func (k *keyringFlag) load() (*idemcrypt.Keyring, error) {
+// load returns the keyring, or nil without the flag. A keys file others
+// may write is refused (idemcrypt.LoadKeyring); one others may read loads
+// with a warning.
+func (k *keyringFlag) load(e *env) (*idemcrypt.Keyring, error) {
 	if k.path == "" {
 		return nil, nil
 	}
 	kr, err := idemcrypt.LoadKeyring(k.path)
 	if err != nil {
 		return nil, usageErrorf("--encryption-keys-file (or %s): %v", envName("encryption-keys-file"), err)
+	}
+	if idemcrypt.ReadableByOthers(k.path) {
+		e.logger.Warn("the encryption keys file is readable by other users: make it readable by the service's user only (chmod o-r)",
+			"keys_file", k.path)
 	}
 	return kr, nil
 }
@@ -139,7 +145,7 @@ func runKeysRotate(ctx context.Context, e *env, args []string, open storeOpener)
 	if err != nil {
 		return err
 	}
-	kr, err := o.keyring.load()
+	kr, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}

@@ -211,3 +211,33 @@ func TestProxyEncryptionRequired(t *testing.T) {
 		}
 	}
 }
+
+// A keys file group or others may write is refused at start; one others
+// may read starts with a warning naming the file, never its keys.
+func TestKeysFilePermissions(t *testing.T) {
+	t.Parallel()
+	keysPath, material := writeKeysFile(t, "k1")
+	for _, tt := range []struct {
+		mode     os.FileMode
+		wantCode int
+		wantLog  string
+	}{
+		{0o600, ExitOK, ""},
+		{0o644, ExitOK, "readable by other users"},
+		{0o664, ExitUsage, "writable by its group or by others"},
+		{0o606, ExitUsage, "writable by its group or by others"},
+	} {
+		if err := os.Chmod(keysPath, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		te := newTestEnv(map[string]string{"IDEM_ENCRYPTION_KEYS_FILE": keysPath})
+		code := run(t.Context(), []string{"keys", "rotate-encryption", "--store", "memory:"}, te.env)
+		out := te.stderr.String()
+		if code != tt.wantCode || (tt.wantLog != "" && !strings.Contains(out, tt.wantLog)) || strings.Contains(out, material[0]) {
+			t.Errorf("mode %v: exit %d (want %d), stderr:\n%s\nwant %q", tt.mode, code, tt.wantCode, out, tt.wantLog)
+		}
+		if tt.wantLog == "" && strings.Contains(out, "readable by other") {
+			t.Errorf("mode %v: a warning for a private file:\n%s", tt.mode, out)
+		}
+	}
+}

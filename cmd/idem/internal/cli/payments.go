@@ -247,7 +247,7 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		providerURL = prov.URL()
 	}
 
-	keyring, err := o.keyring.load()
+	keyring, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}

@@ -217,7 +217,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	keyring, err := o.keyring.load()
+	keyring, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}
