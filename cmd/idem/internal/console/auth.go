@@ -179,7 +179,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		Path:     c.cfg.Prefix + "/",
 		MaxAge:   int(c.cfg.SessionTTL / time.Second),
 		HttpOnly: true,
-		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		Secure:   c.secureCookie(r),
 		SameSite: http.SameSiteStrictMode,
 	})
 	sum := sha256.Sum256([]byte(value))
@@ -197,11 +197,35 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 		Path:     c.cfg.Prefix + "/",
 		MaxAge:   -1,
 		HttpOnly: true,
-		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		Secure:   c.secureCookie(r),
 		SameSite: http.SameSiteStrictMode,
 	})
 	c.cfg.Logger.Info("idem console: logout", slog.String("operator", sessionFrom(r).operator))
 	http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+}
+
+// secureCookie reports whether the session cookie set in answer to r is
+// Secure: with Config.SecureCookie, when r came over TLS, and when a proxy
+// in front says the client's request did (X-Forwarded-Proto: https, or
+// Forwarded: proto=https). Trusting those headers costs nothing: a forged
+// one only gets its sender a cookie its browser keeps off plain HTTP.
+func (c *console) secureCookie(r *http.Request) bool {
+	if c.cfg.SecureCookie || r.TLS != nil {
+		return true
+	}
+	if proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return true
+	}
+	// Forwarded (RFC 7239): the first element is the proxy nearest the
+	// client.
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for pair := range strings.SplitSeq(first, ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(name, "proto") && strings.EqualFold(strings.Trim(value, `"`), "https") {
+			return true
+		}
+	}
+	return false
 }
 
 // authFailed counts a failed authentication against the client's address

@@ -75,8 +75,10 @@ type Config struct {
 	// SessionTTL is how long a login lasts. Defaults to 12 hours.
 	SessionTTL time.Duration
 	// SecureCookie sets the Secure attribute on the session cookie even when
-	// the request did not arrive over TLS (TLS terminated by a proxy).
-	// Defaults to false: Secure is set when the request came over TLS.
+	// the request did not arrive over TLS (TLS terminated by a proxy that
+	// does not say so). Defaults to false: Secure is set when the request
+	// came over TLS, or a proxy says it did (X-Forwarded-Proto: https or
+	// Forwarded: proto=https).
 	SecureCookie bool
 	// CountLimit bounds the records counted per state on the overview;
 	// beyond it the count shows as "N+". Defaults to 10000.

@@ -365,3 +365,43 @@ func httptestGet(path string) *http.Request {
 	req.Header.Del("Content-Type")
 	return req
 }
+
+// Behind a proxy that terminated TLS (X-Forwarded-Proto: https, or
+// Forwarded: proto=https) the session cookie is Secure, and with
+// SecureCookie always; a plain request without either gets none (a browser
+// on http:// would drop a Secure cookie).
+func TestSessionCookieSecureBehindATLSProxy(t *testing.T) {
+	t.Parallel()
+	cookie := func(b *bundle, path string, set func(*http.Request)) *http.Cookie {
+		t.Helper()
+		req := postRequest(path, url.Values{"token": {testToken}})
+		set(req)
+		for _, c := range b.do(req).Result().Cookies() {
+			if c.Name == "idem_console" {
+				return c
+			}
+		}
+		t.Fatalf("%s set no session cookie", path)
+		return nil
+	}
+	b := setup(t)
+	for _, tt := range []struct {
+		name   string
+		set    func(*http.Request)
+		secure bool
+	}{
+		{"Plain", func(*http.Request) {}, false},
+		{"XForwardedProto", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "https") }, true},
+		{"XForwardedProtoList", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "HTTPS, http") }, true},
+		{"Forwarded", func(r *http.Request) { r.Header.Set("Forwarded", `for=192.0.2.1;proto=https;host=ops.example.com`) }, true},
+		{"ForwardedHTTP", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "http") }, false},
+	} {
+		if c := cookie(b, "/_idem/login", tt.set); c.Secure != tt.secure {
+			t.Errorf("%s: login cookie Secure = %v, want %v", tt.name, c.Secure, tt.secure)
+		}
+	}
+	always := setup(t, func(c *console.Config) { c.SecureCookie = true })
+	if c := cookie(always, "/_idem/login", func(*http.Request) {}); !c.Secure {
+		t.Error("SecureCookie: a plain login set no Secure cookie")
+	}
+}
