@@ -41,8 +41,7 @@ type Config struct {
 	Masters func(ctx context.Context) ([]string, error)
 	// Token is the console's secret; it must be at least MinTokenLength
 	// bytes (generate 32 random bytes). It authenticates operators and keys
-	// the HMACs of the session cookie and the CSRF tokens and the sealing of
-	// references: changing it signs every operator out.
+	// the HMACs of the CSRF tokens and the sealing of references.
 	Token string
 	// Prefix is the path the console is mounted at, without a trailing
 	// slash; the handler serves Prefix+"/" and everything below it, without
@@ -139,6 +138,7 @@ type console struct {
 	rates rateTracker
 
 	failures failureLimiter // failed logins and bearer tokens per client address
+	sessions sessions       // the signed-in operators' cookies
 }
 
 // New returns the console's handler, to be mounted at cfg.Prefix+"/" (by
