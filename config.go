@@ -72,6 +72,16 @@ type Config struct {
 	// http.ServeMux matched one (prefixed with the method when the pattern
 	// has none), else the method and the URL path.
 	Endpoint func(r *http.Request) string
+	// MetricsEndpoint names the request's endpoint in Metrics (the endpoint
+	// label of idem_decisions_total and idem_response_stored_bytes in
+	// idemprom). A raw path may carry identifiers and secrets
+	// (/v1/reset/TOKEN) and makes one series per value, so it is never the
+	// label unless this says so. Defaults to the endpoint when it is a
+	// route pattern (r.Pattern) or comes from Endpoint, and otherwise (an
+	// unrouted request named by its path) to the method alone:
+	// MetricsPathPrefix(0), "POST /*". MetricsPathPrefix keeps leading
+	// segments of the path.
+	MetricsEndpoint func(r *http.Request) string
 	// Fingerprint narrows the request fingerprint for JSON bodies.
 	Fingerprint FingerprintConfig
 	// TTL is how long a record is kept. Defaults to 24 hours.

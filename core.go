@@ -93,7 +93,8 @@ type attempt struct {
 	c        *core
 	id       idemstore.Identity
 	fp       string
-	fpCached bool // fp came from the fingerprint cache, or went into it
+	fpCached bool   // fp came from the fingerprint cache, or went into it
+	label    string // the endpoint in Metrics, when the adapter sets one
 	token    string
 	unknown  atomic.Bool
 	rejected atomic.Bool
@@ -109,10 +110,20 @@ type attempt struct {
 
 // decision reports what the middleware decided for this request.
 func (a *attempt) decision(d Decision) {
-	a.c.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
+	a.c.cfg.Metrics.Decision(a.metricsEndpoint(), a.id.Scope, d)
 	if a.span != nil {
 		a.span.SetAttribute("idem.decision", string(d))
 	}
+}
+
+// metricsEndpoint is the endpoint label of the attempt in Metrics: the
+// adapter's label (the HTTP middleware's, never a raw path by default),
+// else the endpoint, which Guard's callers name.
+func (a *attempt) metricsEndpoint() string {
+	if a.label != "" {
+		return a.label
+	}
+	return a.id.Endpoint
 }
 
 // keyHash names the record in logs without revealing the key.

@@ -108,7 +108,7 @@ func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, r
 			a.response.Body = m.cfg.Redact(r, a.response.Status, a.response.Header, rw.buf)
 		}
 		p.Response = &a.response
-		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(a.response.Body))
+		m.cfg.Metrics.ResponseStored(a.metricsEndpoint(), len(a.response.Body))
 	}
 	return p
 }

@@ -256,7 +256,7 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 			}
 			a.response = idemstore.Response{Status: status, Header: res.Meta, Body: res.Body}
 			p.Response = &a.response
-			c.cfg.Metrics.ResponseStored(a.id.Endpoint, len(res.Body))
+			c.cfg.Metrics.ResponseStored(a.metricsEndpoint(), len(res.Body))
 		}
 	}
 	rerr := c.record(ctx, a, o, p)
