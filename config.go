@@ -72,6 +72,16 @@ type Config struct {
 	// http.ServeMux matched one (prefixed with the method when the pattern
 	// has none), else the method and the URL path.
 	Endpoint func(r *http.Request) string
+	// MetricsEndpoint names the request's endpoint in Metrics (the endpoint
+	// label of idem_decisions_total and idem_response_stored_bytes in
+	// idemprom). A raw path may carry identifiers and secrets
+	// (/v1/reset/TOKEN) and makes one series per value, so it is never the
+	// label unless this says so. Defaults to the endpoint when it is a
+	// route pattern (r.Pattern) or comes from Endpoint, and otherwise (an
+	// unrouted request named by its path) to the method alone:
+	// MetricsPathPrefix(0), "POST /*". MetricsPathPrefix keeps leading
+	// segments of the path.
+	MetricsEndpoint func(r *http.Request) string
 	// Fingerprint narrows the request fingerprint for JSON bodies.
 	Fingerprint FingerprintConfig
 	// TTL is how long a record is kept. Defaults to 24 hours.
@@ -116,6 +126,15 @@ type Config struct {
 	// stored in the clear and a sealed record is answered the same way.
 	// Defaults to none.
 	Keyring *idemcrypt.Keyring
+	// EncryptionRequired refuses to replay a stored response that is not
+	// sealed in the current format: one stored in the clear (which anyone
+	// who can write to the store can plant) or sealed by idemcrypt's format
+	// v1 (not bound to the record's fingerprint and creation time). Such a
+	// record is answered 500 response-untrusted and its request is never
+	// run again (not even with FailOpen). Turn it on once `idem keys
+	// rotate-encryption` (idemcrypt.Rotate) has sealed every record. It
+	// needs a Keyring. Defaults to false: such records replay as stored.
+	EncryptionRequired bool
 	// Redact, when set, returns the body to store for replay in place of
 	// body (status and header are those stored; body must not be
 	// modified). It changes what a replay returns: the first answer is

@@ -40,9 +40,12 @@ type core struct {
 // newCore applies cfg's defaults and wraps store as every adapter uses it.
 func newCore(store idemstore.Store, c *Config) *core {
 	cfg := c.withDefaults()
+	if cfg.EncryptionRequired && cfg.Keyring == nil {
+		panic("idem: Config.EncryptionRequired needs a Keyring")
+	}
 	// Seals responses with the keyring, and without one refuses sealed
 	// records rather than replaying ciphertext.
-	store = idemcrypt.New(store, cfg.Keyring)
+	store = idemcrypt.NewWithConfig(store, &idemcrypt.Config{Keyring: cfg.Keyring, Required: cfg.EncryptionRequired})
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
 	co.clock, co.alarms = deadline.WallClock, deadline.Wall
 	if cfg.Clock != nil {
@@ -68,12 +71,30 @@ func newCore(store idemstore.Store, c *Config) *core {
 	return co
 }
 
+// untrusted reports whether err refuses a completed record's stored
+// response as untrustworthy: it does not authenticate (altered, moved from
+// another record, planted from an earlier one) or, with
+// Config.EncryptionRequired, it is not sealed in the current format. Such a
+// record completed: it is never run again.
+func untrusted(err error) bool {
+	return err != nil && (errors.Is(err, idemcrypt.ErrOpen) || errors.Is(err, idemcrypt.ErrNotSealed))
+}
+
+// mayFailOpen reports whether a store error may run the request
+// unprotected under Config.FailOpen: not when the store answered with a
+// completed record whose response this process cannot open (a key missing
+// from its keyring), whose request already ran.
+func mayFailOpen(err error) bool {
+	return !errors.Is(err, idemcrypt.ErrUnknownKey)
+}
+
 // attempt is one request's claim on a record.
 type attempt struct {
 	c        *core
 	id       idemstore.Identity
 	fp       string
-	fpCached bool // fp came from the fingerprint cache, or went into it
+	fpCached bool   // fp came from the fingerprint cache, or went into it
+	label    string // the endpoint in Metrics, when the adapter sets one
 	token    string
 	unknown  atomic.Bool
 	rejected atomic.Bool
@@ -91,10 +112,20 @@ type attempt struct {
 
 // decision reports what the middleware decided for this request.
 func (a *attempt) decision(d Decision) {
-	a.c.cfg.Metrics.Decision(a.id.Endpoint, a.id.Scope, d)
+	a.c.cfg.Metrics.Decision(a.metricsEndpoint(), a.id.Scope, d)
 	if a.span != nil {
 		a.span.SetAttribute("idem.decision", string(d))
 	}
+}
+
+// metricsEndpoint is the endpoint label of the attempt in Metrics: the
+// adapter's label (the HTTP middleware's, never a raw path by default),
+// else the endpoint, which Guard's callers name.
+func (a *attempt) metricsEndpoint() string {
+	if a.label != "" {
+		return a.label
+	}
+	return a.id.Endpoint
 }
 
 // keyHash names the record in logs without revealing the key.
@@ -146,9 +177,15 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 	var waitOver <-chan struct{}
 	for {
 		res, err := c.reserve(ctx, a)
+		if untrusted(err) {
+			a.decision(DecisionUntrusted)
+			c.log.Error("idem: stored response refused: it cannot be trusted, so it is not replayed and the request is not run again",
+				"key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "untrusted", "error", err)
+			return verdict{d: DecisionUntrusted, err: err}
+		}
 		if err != nil {
 			a.decision(DecisionStoreError)
-			if !c.cfg.FailOpen { // the adapter logs the bypass
+			if !c.cfg.FailOpen || !mayFailOpen(err) { // the adapter logs the bypass
 				c.log.Error("idem: store unavailable", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
 			}
 			return verdict{d: DecisionStoreError, retry: 1, err: err}
@@ -249,6 +286,7 @@ func (c *core) unknownRetryAfter() int {
 // caller stops the heartbeat (a.renewer.stop) when the function returns.
 func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
 	a.execution = new(execution)
+	a.reserved = rec
 	a.renewer.start(a)
 	a.recoveryPoint = rec.RecoveryPoint
 	a.hctx = attemptCtx{Context: ctx, a: a}

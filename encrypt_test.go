@@ -2,17 +2,22 @@ package idem_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -75,6 +80,51 @@ func TestKeyringSealsStoredResponses(t *testing.T) {
 	}
 	if n := b.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
+	}
+}
+
+// getCounter is a memory store (transactions included) that counts KeyGet.
+type getCounter struct {
+	*idemmem.Store
+	gets atomic.Int64
+}
+
+func (s *getCounter) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	s.gets.Add(1)
+	return s.Store.KeyGet(ctx, id)
+}
+
+// The completion carries the reserved record, so sealing it for its
+// fingerprint and creation time costs no read: a new key stays one round
+// trip to reserve and one to complete, in plain mode and transactional.
+func TestKeyringSealsWithoutReading(t *testing.T) {
+	t.Parallel()
+	for _, tx := range []bool{false, true} {
+		store := &getCounter{Store: idemmem.New(nil)}
+		h := idem.New(store, &idem.Config{Keyring: testKeyring(t, "k1"), Transactional: tx})(http.HandlerFunc(secretHandler))
+		do := func() *httptest.ResponseRecorder {
+			r := httptest.NewRequest("POST", "/v1/cards", strings.NewReader(`{"amount":1}`))
+			r.Header.Set(idem.HeaderKey, "key-one")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w
+		}
+		if w := do(); w.Code != http.StatusCreated {
+			t.Fatalf("transactional %v: first: %d %s", tx, w.Code, w.Body)
+		}
+		if n := store.gets.Load(); n != 0 {
+			t.Fatalf("transactional %v: %d KeyGet calls to seal the completion, want 0", tx, n)
+		}
+		recs, err := store.KeyList(t.Context(), &idemstore.ListParams{})
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("KeyList = %v, %v", recs, err)
+		}
+		if v := recs[0].Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 k1" {
+			t.Fatalf("transactional %v: stored sealed %q, want v2 k1", tx, v)
+		}
+		if w := do(); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), secretMarker) {
+			t.Fatalf("transactional %v: replay: %d %s", tx, w.Code, w.Body)
+		}
 	}
 }
 
@@ -156,5 +206,102 @@ func TestRedactJSONFieldsLeavesOtherBodies(t *testing.T) {
 		if got := string(redact(nil, 200, tt.header, []byte(tt.body))); got != tt.want {
 			t.Errorf("redact(%s) = %s, want %s", tt.body, got, tt.want)
 		}
+	}
+}
+
+// With EncryptionRequired a stored response that is not sealed (planted by
+// whoever can write to the store, or left from before encryption) is never
+// replayed, and the request is never run again: 500 response-untrusted,
+// fail-open or not. A sealed one replays as before.
+func TestEncryptionRequiredRefusesUnsealed(t *testing.T) {
+	t.Parallel()
+	for _, failOpen := range []bool{false, true} {
+		// A middleware without a keyring stores the answer in the clear.
+		plain := setup(t, nil, secretHandler)
+		if w := plain.do(t, "POST", "key-one", `{}`); w.Code != http.StatusCreated {
+			t.Fatalf("first: %d", w.Code)
+		}
+		b := setup(t, nil, secretHandler)
+		b.handler = idem.New(plain.store, &idem.Config{
+			Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: failOpen,
+			Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Now: b.clock.Now,
+		})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b.calls.Add(1)
+			secretHandler(w, r)
+		}))
+		w := b.do(t, "POST", "key-one", `{}`)
+		requireProblem(t, w, http.StatusInternalServerError, idem.CodeResponseUntrusted)
+		if strings.Contains(w.Body.String(), secretMarker) || w.Header().Get("Retry-After") != "" {
+			t.Fatalf("fail-open %v: the refusal %v %s", failOpen, w.Header(), w.Body)
+		}
+		if n := b.calls.Load(); n != 0 {
+			t.Fatalf("fail-open %v: the handler ran %d times on a refused replay", failOpen, n)
+		}
+		logs := b.logs.String()
+		if !strings.Contains(logs, "not sealed") || strings.Contains(logs, secretMarker) || strings.Contains(logs, "key-one") {
+			t.Fatalf("fail-open %v: the log does not say why, or shows the key or the response:\n%s", failOpen, logs)
+		}
+		// A new key is sealed and replays.
+		for range 2 {
+			if w := b.do(t, "POST", "key-two", `{}`); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), secretMarker) {
+				t.Fatalf("fail-open %v: sealed key: %d %s", failOpen, w.Code, w.Body)
+			}
+		}
+		if n := b.calls.Load(); n != 1 {
+			t.Fatalf("fail-open %v: the handler ran %d times for key-two", failOpen, n)
+		}
+	}
+}
+
+func TestEncryptionRequiredNeedsAKeyring(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "EncryptionRequired") {
+			t.Fatalf("recover() = %v, want a panic naming EncryptionRequired", r)
+		}
+	}()
+	idem.New(idemmem.New(nil), &idem.Config{EncryptionRequired: true})
+}
+
+// A Guard refuses the same way: ErrResponseUntrusted, the function not run.
+func TestGuardEncryptionRequired(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	store := idemmem.New(nil)
+	call := idem.Call{Identity: idemstore.Identity{Endpoint: "charge", Key: "k1"}, Fingerprint: idem.FingerprintBytes("charge", []byte("x"))}
+	ran := 0
+	fn := func(context.Context) (idem.Result, error) { ran++; return idem.Result{Body: []byte(secretMarker)}, nil }
+	if _, _, err := idem.NewGuard(store, nil).Run(ctx, call, fn); err != nil {
+		t.Fatal(err)
+	}
+	g := idem.NewGuard(store, &idem.Config{Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: true})
+	res, replayed, err := g.Run(ctx, call, fn)
+	var e *idem.Error
+	if !errors.Is(err, idem.ErrResponseUntrusted) || !errors.As(err, &e) || e.Code() != idem.CodeResponseUntrusted || replayed || res.Body != nil {
+		t.Fatalf("Run = %+v, %v, %v; want ErrResponseUntrusted", res, replayed, err)
+	}
+	if ran != 1 {
+		t.Fatalf("the function ran %d times, want 1", ran)
+	}
+}
+
+// A record under a key this process lacks completed: even the development
+// fail-open switch does not run its request again (503, handler not run).
+func TestSealedRecordWithoutItsKeyNeverFailsOpen(t *testing.T) {
+	t.Parallel()
+	writer := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+	if w := writer.do(t, "POST", "key-one", `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	b := setup(t, nil, secretHandler)
+	ran := 0
+	b.handler = idem.New(writer.store, &idem.Config{Keyring: testKeyring(t, "k2"), FailOpen: true, Now: b.clock.Now,
+		Logger: slog.New(slog.NewTextHandler(b.logs, nil))})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran++
+		secretHandler(w, r)
+	}))
+	requireProblem(t, b.do(t, "POST", "key-one", `{}`), http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	if ran != 0 {
+		t.Fatalf("fail-open ran the handler %d times for a completed record", ran)
 	}
 }

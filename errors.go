@@ -30,6 +30,9 @@ const (
 	CodeConflict = "conflict"
 	// CodeUnauthorized answers a request whose scope could not be determined.
 	CodeUnauthorized = "unauthorized"
+	// CodeResponseUntrusted answers 500 a request whose key completed but
+	// whose stored response failed verification (see ErrResponseUntrusted).
+	CodeResponseUntrusted = "response-untrusted"
 )
 
 // ErrKeyInvalid is wrapped by every error ParseKey returns. The wrapping
@@ -52,19 +55,20 @@ type Problem struct {
 }
 
 var problemTitles = map[string]string{
-	CodeKeyMissing:       "Idempotency-Key header missing",
-	CodeKeyInvalid:       "Idempotency-Key header invalid",
-	CodeKeyReused:        "Idempotency-Key reused with another request",
-	CodeKeyInUse:         "Request with this Idempotency-Key in progress",
-	CodeOutcomeUnknown:   "Outcome of the earlier request unknown",
-	CodeNotReplayable:    "Response cannot be replayed",
-	CodeBodyTooLarge:     "Request body too large",
-	CodeStoreUnavailable: "Idempotency store unavailable",
-	CodeTooManyKeys:      "Too many idempotency keys",
-	CodeBodyUnreadable:   "Request body unreadable",
-	CodeBodyTimeout:      "Request body too slow",
-	CodeConflict:         "Idempotency-Key conflict",
-	CodeUnauthorized:     "Unauthorized",
+	CodeKeyMissing:        "Idempotency-Key header missing",
+	CodeKeyInvalid:        "Idempotency-Key header invalid",
+	CodeKeyReused:         "Idempotency-Key reused with another request",
+	CodeKeyInUse:          "Request with this Idempotency-Key in progress",
+	CodeOutcomeUnknown:    "Outcome of the earlier request unknown",
+	CodeNotReplayable:     "Response cannot be replayed",
+	CodeBodyTooLarge:      "Request body too large",
+	CodeStoreUnavailable:  "Idempotency store unavailable",
+	CodeTooManyKeys:       "Too many idempotency keys",
+	CodeBodyUnreadable:    "Request body unreadable",
+	CodeBodyTimeout:       "Request body too slow",
+	CodeConflict:          "Idempotency-Key conflict",
+	CodeUnauthorized:      "Unauthorized",
+	CodeResponseUntrusted: "Stored response cannot be trusted",
 }
 
 // writeProblem answers with an application/problem+json body. retryAfter,
@@ -116,6 +120,13 @@ var (
 	// function ran (it did not run), or a transactional completion did not
 	// commit (it had no effect). Retry after Error.RetryAfter.
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	// ErrResponseUntrusted: an earlier attempt completed, but its stored
+	// result failed verification (package idemcrypt: it does not
+	// authenticate, or Config.EncryptionRequired refuses it as not sealed
+	// in the current format). It is not returned, and the function is never
+	// run again for the key: an operator looks at the record (its effect
+	// happened, or the record was planted).
+	ErrResponseUntrusted = errors.New("idem: stored result cannot be trusted")
 	// ErrTooManyKeys: a per-scope limit (Config.MaxInProgressPerScope,
 	// Config.NewKeysPerSecondPerScope) refused the new key; nothing was
 	// stored.
@@ -135,8 +146,8 @@ var (
 // caller's context error) and may name internals, never keys or payloads.
 type Error struct {
 	// Kind is ErrKeyReused, ErrInProgress, ErrOutcomeUnknown,
-	// ErrNotReplayable, ErrStoreUnavailable, ErrTooManyKeys or
-	// ErrNotRecorded.
+	// ErrNotReplayable, ErrStoreUnavailable, ErrTooManyKeys,
+	// ErrResponseUntrusted or ErrNotRecorded.
 	Kind error
 	// RetryAfter, when positive, is when a retry may get an answer: for
 	// ErrInProgress an estimate of the remaining work (from the attempt's
@@ -179,6 +190,8 @@ func (e *Error) Code() string {
 		return CodeStoreUnavailable
 	case ErrTooManyKeys:
 		return CodeTooManyKeys
+	case ErrResponseUntrusted:
+		return CodeResponseUntrusted
 	}
 	return ""
 }

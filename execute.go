@@ -6,17 +6,8 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 )
-
-// neverStored are headers never kept for replay, whatever the allow-list says.
-var neverStored = map[string]bool{
-	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
-	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, HeaderReplayed: true, idemcrypt.HeaderSealed: true,
-}
 
 // execute runs the handler under the lease this request holds.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, rec *idemstore.Record) {
@@ -108,7 +99,7 @@ func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt
 
 func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
 	p := &a.complete
-	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token}
+	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, Record: a.reserved}
 	if rec == recordNotReplayable {
 		p.NotReplayable = true
 	} else {
@@ -117,7 +108,7 @@ func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, r
 			a.response.Body = m.cfg.Redact(r, a.response.Status, a.response.Header, rw.buf)
 		}
 		p.Response = &a.response
-		m.cfg.Metrics.ResponseStored(a.id.Endpoint, len(a.response.Body))
+		m.cfg.Metrics.ResponseStored(a.metricsEndpoint(), len(a.response.Body))
 	}
 	return p
 }
@@ -150,6 +141,10 @@ func (m *middleware) storedHeader(h http.Header) http.Header {
 // execution is the part of an attempt only a request that runs the handler
 // needs, in one allocation: a replay or a 409 does not pay for it.
 type execution struct {
+	// reserved is the record as this attempt reserved it: the completion
+	// carries it, so that the encryption binds the response to the
+	// record's fingerprint and creation time without reading it again.
+	reserved   *idemstore.Record
 	hctx       attemptCtx
 	bodyReader bodyReader
 	complete   idemstore.CompleteParams

@@ -148,7 +148,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 		// caller gets copies it may change.
 		return Result{Status: resp.Status, Meta: cloneMeta(resp.Header), Body: slices.Clone(resp.Body)}, true, nil
 	case DecisionStoreError:
-		if c.cfg.FailOpen {
+		if c.cfg.FailOpen && mayFailOpen(v.err) {
 			c.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", v.err)
 			res, err := fn(ctx)
 			return res, false, err
@@ -204,6 +204,8 @@ func (v *verdict) error() error {
 		e.Kind = ErrNotReplayable
 	case DecisionTooManyKeys:
 		e.Kind = ErrTooManyKeys
+	case DecisionUntrusted:
+		e.Kind = ErrResponseUntrusted
 	default:
 		e.Kind = ErrStoreUnavailable
 	}
@@ -252,7 +254,7 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 	var p *idemstore.CompleteParams
 	if o.record == recordCompleted || o.record == recordNotReplayable {
 		p = &a.complete
-		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable}
+		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable, Record: a.reserved}
 		if o.record == recordCompleted {
 			status := res.Status
 			if status == 0 {
@@ -260,7 +262,7 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 			}
 			a.response = idemstore.Response{Status: status, Header: res.Meta, Body: res.Body}
 			p.Response = &a.response
-			c.cfg.Metrics.ResponseStored(a.id.Endpoint, len(res.Body))
+			c.cfg.Metrics.ResponseStored(a.metricsEndpoint(), len(res.Body))
 		}
 	}
 	rerr := c.record(ctx, a, o, p)

@@ -21,6 +21,7 @@ const (
 	DecisionStoreError      Decision = "store_error"      // 503 store-unavailable (or a fail-open bypass)
 	DecisionInvalid         Decision = "invalid"          // 400 key-missing/key-invalid, 413 body-too-large
 	DecisionTooManyKeys     Decision = "too_many_keys"    // 429 too-many-keys
+	DecisionUntrusted       Decision = "untrusted"        // 500 response-untrusted: a stored response refused, not run again
 )
 
 // Metrics receives the signals of the middleware and of Guards. Implementations must be safe

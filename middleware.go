@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // HeaderKey is the request header that carries the idempotency key.
@@ -52,7 +53,7 @@ func newMiddleware(store idemstore.Store, c *Config) *middleware {
 	}
 	for _, h := range cfg.StoredHeaders {
 		name := http.CanonicalHeaderKey(h)
-		if !neverStored[name] {
+		if !neverstored.Has(name) { // whatever the allow-list says
 			m.stored[name] = true
 		}
 	}
@@ -67,7 +68,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	values := r.Header.Values(HeaderKey)
 	if len(values) == 0 {
 		if m.cfg.RequireKey {
-			m.cfg.Metrics.Decision(m.endpoint(r), "", DecisionInvalid)
+			m.cfg.Metrics.Decision(m.metricsEndpoint(r), "", DecisionInvalid)
 			m.writeProblem(w, http.StatusBadRequest, CodeKeyMissing, "This endpoint requires an Idempotency-Key header.", 0)
 			return
 		}
@@ -79,7 +80,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = fmt.Errorf("%w: shorter than %d characters", ErrKeyInvalid, m.cfg.MinKeyLength)
 	}
 	if err != nil {
-		m.cfg.Metrics.Decision(m.endpoint(r), "", DecisionInvalid)
+		m.cfg.Metrics.Decision(m.metricsEndpoint(r), "", DecisionInvalid)
 		m.writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
 		return
 	}
@@ -92,14 +93,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, tooLarge, err := m.readBody(w, r)
 	if tooLarge {
-		m.cfg.Metrics.Decision(m.endpoint(r), scope, DecisionInvalid)
+		m.cfg.Metrics.Decision(m.metricsEndpoint(r), scope, DecisionInvalid)
 		m.writeProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.MaxBody), 0)
 		return
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// Nothing is stored: the key was not reserved yet.
-		m.cfg.Metrics.Decision(m.endpoint(r), scope, DecisionInvalid)
+		m.cfg.Metrics.Decision(m.metricsEndpoint(r), scope, DecisionInvalid)
 		m.log.Info("idem: request body too slow", "endpoint", m.endpoint(r), "body_timeout", m.cfg.BodyTimeout)
 		w.Header().Set("Connection", "close")
 		m.writeProblem(w, http.StatusRequestTimeout, CodeBodyTimeout,
@@ -114,9 +115,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	endpoint := m.endpoint(r)
 	a := &attempt{
-		c:    m.core,
-		body: body,
-		id:   idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
+		c:     m.core,
+		body:  body,
+		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
+		label: m.metricsEndpoint(r),
 	}
 	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
@@ -172,6 +174,9 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case DecisionTooManyKeys:
 		m.writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
 			"Too many idempotency keys in progress or created for this tenant.", v.retry)
+	case DecisionUntrusted:
+		m.writeProblem(w, http.StatusInternalServerError, CodeResponseUntrusted,
+			"The request with this Idempotency-Key completed, but its stored response failed verification: it is not replayed, and the request is not run again.", 0)
 	default:
 		m.storeFailed(w, r, next, a, v.err)
 	}
@@ -180,7 +185,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 // storeFailed fails closed: 503 unless the development fail-open switch is
 // on. The core logged the failure and counted the decision.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, err error) {
-	if m.cfg.FailOpen {
+	if m.cfg.FailOpen && mayFailOpen(err) {
 		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
 		next.ServeHTTP(w, r)
 		return
@@ -245,6 +250,47 @@ func (m *middleware) endpoint(r *http.Request) string {
 		return r.Method + " " + p
 	}
 	return r.Method + " " + r.URL.Path
+}
+
+// metricsEndpoint is the endpoint label of r in Metrics: never the raw
+// path unless Config.MetricsEndpoint says so.
+func (m *middleware) metricsEndpoint(r *http.Request) string {
+	switch {
+	case m.cfg.MetricsEndpoint != nil:
+		return m.cfg.MetricsEndpoint(r)
+	case m.cfg.Endpoint != nil || r.Pattern != "":
+		return m.endpoint(r)
+	}
+	return unrouted(r)
+}
+
+// unrouted is the metrics label of a request named by its raw path.
+var unrouted = MetricsPathPrefix(0)
+
+// MetricsPathPrefix returns a Config.MetricsEndpoint that names a request
+// by its method and the first segments segments of its path, followed by
+// "/*" when the path goes on: with 2, POST /v1/reset/TOKEN is "POST
+// /v1/reset/*" and POST /v1/payments stays "POST /v1/payments". Choose
+// segments so that no kept segment carries an identifier or a secret.
+func MetricsPathPrefix(segments int) func(r *http.Request) string {
+	return func(r *http.Request) string {
+		p := r.URL.EscapedPath()
+		if p == "" {
+			p = "/"
+		}
+		end := 0 // p[:end] is kept: the leading "/" and segments segments
+		for n := 0; n < segments; n++ {
+			i := strings.IndexByte(p[end+1:], '/')
+			if i < 0 {
+				return r.Method + " " + p
+			}
+			end += 1 + i
+		}
+		if end+1 >= len(p) {
+			return r.Method + " " + p
+		}
+		return r.Method + " " + p[:end] + "/*"
+	}
 }
 
 // readBody reads at most limit bytes of the request body.

@@ -892,7 +892,7 @@ func (b *testBundle) expireHungCall(t *testing.T, res <-chan *httptest.ResponseR
 // when a call hangs, a renewal is done and a completion is written.
 type faultStore struct {
 	idemstore.Store
-	reserves                   atomic.Int64
+	reserves, gets             atomic.Int64
 	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
 	loseRenew                  atomic.Bool // renewals answer ErrLeaseLost
@@ -943,6 +943,11 @@ func (s *faultStore) KeyReserve(ctx context.Context, p *idemstore.ReserveParams)
 		return nil, s.hang(ctx)
 	}
 	return s.Store.KeyReserve(ctx, p)
+}
+
+func (s *faultStore) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+	s.gets.Add(1)
+	return s.Store.KeyGet(ctx, id)
 }
 
 func (s *faultStore) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {

@@ -45,6 +45,7 @@ func TestREADMEDocumentsEveryProblem(t *testing.T) {
 		idem.CodeKeyMissing, idem.CodeKeyInvalid, idem.CodeKeyReused, idem.CodeKeyInUse, idem.CodeOutcomeUnknown,
 		idem.CodeNotReplayable, idem.CodeBodyTooLarge, idem.CodeStoreUnavailable, idem.CodeTooManyKeys,
 		idem.CodeBodyUnreadable, idem.CodeBodyTimeout, idem.CodeConflict, idem.CodeUnauthorized,
+		idem.CodeResponseUntrusted,
 	} {
 		anchor := strings.TrimPrefix(idem.DefaultProblemBaseURI, "https://github.com/idem-dev/idem#") + code
 		if !strings.Contains(string(readme), `<a id="`+anchor+`"></a>`) {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
@@ -26,7 +27,11 @@ func benchKeyring(b *testing.B) *idemcrypt.Keyring {
 	return kr
 }
 
-var benchID = idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"}
+var benchID = idemcrypt.Binding{
+	Identity:    idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"},
+	Fingerprint: "5f1d3c2b1a09f8e7d6c5b4a3928170600112233445566778899aabbccddeeff0",
+	CreatedAt:   time.Unix(1767225600, 123456000),
+}
 
 func BenchmarkSeal(b *testing.B) {
 	kr := benchKeyring(b)

@@ -15,10 +15,15 @@
 // fingerprint, the state, the token, the times, the status code, and the
 // name of the key that sealed the response.
 //
-// The additional authenticated data is the record's identity, the status
-// and the key name, so a ciphertext copied onto another record, or a status
-// changed in the table, fails to open (ErrOpen) instead of replaying
-// another request's answer.
+// The additional authenticated data is the record's identity, its
+// fingerprint and creation time (a Binding), the status and the key name,
+// so a ciphertext copied onto another record, an answer saved from an
+// earlier record of the same key and planted on a later one (another
+// request, or the same request after the record expired), or a status
+// changed in the table, fails to open (ErrOpen) instead of replaying an
+// answer that is not this record's. Responses sealed by the format v1,
+// which bound the identity only, still open; Rotate rewrites them in the
+// current format, and Config.Required refuses them.
 //
 // # Keys
 //
@@ -42,5 +47,8 @@
 // response) wrap with New. A caching layer (idemcache) goes below New, so
 // it caches ciphertext. Completions written by hand in the caller's own
 // transaction (idemsqlite.CompleteTx, idempgx.CompleteTx) are stored as
-// given: seal them first with Keyring.Seal.
+// given: seal them first with Keyring.Seal, for BindingOf the record as
+// reserved. A completion through the wrapper that carries the reserved
+// record (idemstore.CompleteParams.Record, as the middleware's does) is
+// sealed without reading the record; one without it costs one KeyGet.
 package idemcrypt

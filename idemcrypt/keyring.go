@@ -8,7 +8,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
 	"strings"
 )
 
@@ -127,9 +129,27 @@ func ParseKeyring(data []byte) (*Keyring, error) {
 	return kr, err
 }
 
+// ErrKeysFileWritable is returned by LoadKeyring for a keys file that its
+// group or other users may write: any of them could put a key of their own
+// first, and every response would then be sealed under it.
+var ErrKeysFileWritable = errors.New("idemcrypt: the keys file is writable by its group or by others (chmod go-w it)")
+
 // LoadKeyring reads and parses the keys file at path (see ParseKeyring).
+// On Unix it refuses, with ErrKeysFileWritable, a file that its group or
+// other users may write (the file a symbolic link leads to is the one
+// checked). A file others may read loads: ReadableByOthers tells, so that
+// a command can warn.
 func LoadKeyring(path string) (*Keyring, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("idemcrypt: reading the keys file: %w", err)
+	}
+	defer f.Close()
+	// The mode of the file opened, not of the path looked up again.
+	if fi, err := f.Stat(); err == nil && permissionBits && fi.Mode().Perm()&0o022 != 0 {
+		return nil, fmt.Errorf("%s (mode %v): %w", path, fi.Mode().Perm(), ErrKeysFileWritable)
+	}
+	data, err := io.ReadAll(f)
 	if err != nil {
 		return nil, fmt.Errorf("idemcrypt: reading the keys file: %w", err)
 	}
@@ -139,6 +159,17 @@ func LoadKeyring(path string) (*Keyring, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return kr, nil
+}
+
+// permissionBits reports whether file modes carry Unix permissions.
+const permissionBits = runtime.GOOS != "windows" && runtime.GOOS != "plan9"
+
+// ReadableByOthers reports whether users other than the file's owner and
+// group may read the keys file at path (on Unix): the keys should be
+// readable by the service's user only.
+func ReadableByOthers(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && permissionBits && fi.Mode().Perm()&0o004 != 0
 }
 
 // Primary returns the name of the key that seals.

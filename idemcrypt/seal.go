@@ -7,17 +7,31 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // HeaderSealed is the one header of a sealed response as stored: its value
-// is "v1 NAME", the format and the name of the key that sealed it. The
-// middleware never stores a response header of this name.
-const HeaderSealed = "Idem-Sealed"
+// is "v2 NAME" (or "v1 NAME" for a response sealed before version 2), the
+// format and the name of the key that sealed it. The middleware and the
+// reconciler by URL never store a response header of this name
+// (internal/neverstored).
+const HeaderSealed = neverstored.Sealed
 
-const formatV1 = "v1"
+// The formats of a sealed response. Both open; Seal writes formatV2.
+//
+//   - v1 authenticates the record's identity, the status and the key name.
+//   - v2 also authenticates the record's fingerprint and creation time, so
+//     an answer saved from an earlier record of the same identity (another
+//     request, or the same request before the record expired) does not open
+//     on a later one.
+const (
+	formatV1 = "v1"
+	formatV2 = "v2"
+)
 
 var (
 	// ErrUnknownKey is returned when a record is sealed under a key the
@@ -25,9 +39,16 @@ var (
 	// *KeyError naming the key.
 	ErrUnknownKey = errors.New("idemcrypt: the response is sealed under a key the keyring does not hold")
 	// ErrOpen is returned when a sealed response does not open under its
-	// key: it was sealed for another record (moved ciphertext), altered, or
-	// the key of that name holds other material. The error is a *KeyError.
+	// key: it was sealed for another record (moved ciphertext, or an answer
+	// saved from an earlier record of the same key), altered, or the key of
+	// that name holds other material. The error is a *KeyError.
 	ErrOpen = errors.New("idemcrypt: the sealed response does not open (altered, moved from another record, or another key of the same name)")
+	// ErrNotSealed is returned, when encryption is required
+	// (Config.Required), for a stored response that is not sealed, or that
+	// is sealed in format v1, which does not bind it to the record's
+	// fingerprint and creation time. Anyone who can write to the store can
+	// plant such a response; rotation (Rotate) seals every legitimate one.
+	ErrNotSealed = errors.New("idemcrypt: the stored response is not sealed in the current format, and encryption is required")
 )
 
 // KeyError is an error opening a sealed response: Err (ErrUnknownKey or
@@ -43,31 +64,59 @@ func (e *KeyError) Error() string { return fmt.Sprintf("%v (key %q)", e.Err, e.N
 // Unwrap returns Err.
 func (e *KeyError) Unwrap() error { return e.Err }
 
+// Binding is what a sealed response is bound to: the record's identity,
+// fingerprint and creation time, all of which the store keeps in the clear.
+// A response sealed for one binding opens for that binding only.
+type Binding struct {
+	idemstore.Identity
+	Fingerprint string
+	CreatedAt   time.Time
+}
+
+// BindingOf returns the binding of rec: its identity, fingerprint and
+// creation time.
+func BindingOf(rec *idemstore.Record) Binding {
+	return Binding{Identity: rec.Identity, Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt}
+}
+
 // SealedBy returns the name of the key that sealed resp, and whether resp is
-// sealed at all. A nil response is not sealed.
+// sealed at all (in any format). A nil response is not sealed.
 func SealedBy(resp *idemstore.Response) (name string, sealed bool) {
+	_, name, sealed = sealedFormat(resp)
+	return name, sealed
+}
+
+// sealedFormat returns the format and the key name of a sealed response.
+func sealedFormat(resp *idemstore.Response) (format, name string, sealed bool) {
 	if resp == nil || len(resp.Header) != 1 {
-		return "", false
+		return "", "", false
 	}
 	vs := resp.Header[HeaderSealed]
 	if len(vs) != 1 {
-		return "", false
+		return "", "", false
 	}
-	name, ok := strings.CutPrefix(vs[0], formatV1+" ")
-	if !ok || validName(name) != nil {
-		return "", false
+	format, name, ok := strings.Cut(vs[0], " ")
+	if !ok || (format != formatV1 && format != formatV2) || validName(name) != nil {
+		return "", "", false
 	}
-	return name, true
+	return format, name, true
 }
 
-// Seal returns resp sealed for the record id under the keyring's first key:
+// current reports whether resp is sealed in the format Seal writes.
+func current(resp *idemstore.Response) bool {
+	format, _, sealed := sealedFormat(resp)
+	return sealed && format == formatV2
+}
+
+// Seal returns resp sealed for the record b under the keyring's first key:
 // the same Status (stored in the clear), a header of HeaderSealed only, and
 // a body of a random 12-byte nonce followed by the AES-256-GCM encryption
-// of the headers and the body. The additional authenticated data is the
-// record's identity, the status and the key name, so a sealed response
-// opens for its own record only. A nil resp is returned as nil. resp is not
-// modified.
-func (kr *Keyring) Seal(id idemstore.Identity, resp *idemstore.Response) (*idemstore.Response, error) {
+// of the headers and the body. The additional authenticated data is b (the
+// record's identity, fingerprint and creation time), the status and the key
+// name, so a sealed response opens for its own record only: not on another
+// key, tenant or endpoint, and not on a later record of the same identity.
+// A nil resp is returned as nil. resp is not modified.
+func (kr *Keyring) Seal(b Binding, resp *idemstore.Response) (*idemstore.Response, error) {
 	if resp == nil {
 		return nil, nil
 	}
@@ -86,25 +135,26 @@ func (kr *Keyring) Seal(id idemstore.Identity, resp *idemstore.Response) (*idems
 	plain := binary.AppendUvarint(out[ns:], uint64(len(h)))
 	plain = append(plain, h...)
 	plain = append(plain, resp.Body...)
-	var adBuf [256]byte
-	ad := additionalData(adBuf[:0], id, resp.Status, kr.primary)
+	var adBuf [384]byte
+	ad := additionalData(adBuf[:0], formatV2, b, resp.Status, kr.primary)
 	// In place: the ciphertext overwrites the plaintext after the nonce.
 	body := aead.Seal(out[:ns], out[:ns], plain, ad)
 	return &idemstore.Response{
 		Status: resp.Status,
-		Header: http.Header{HeaderSealed: {formatV1 + " " + kr.primary}},
+		Header: http.Header{HeaderSealed: {formatV2 + " " + kr.primary}},
 		Body:   body,
 	}, nil
 }
 
-// Open returns the response that resp seals for the record id. A response
+// Open returns the response that resp seals for the record b. A response
 // that is not sealed (stored before encryption was turned on) is returned
-// as it is. A sealed response under a key the keyring does not hold, or a
-// nil keyring, gives a *KeyError wrapping ErrUnknownKey; one that does not
-// authenticate, a *KeyError wrapping ErrOpen. The result shares nothing
-// with resp.
-func (kr *Keyring) Open(id idemstore.Identity, resp *idemstore.Response) (*idemstore.Response, error) {
-	name, sealed := SealedBy(resp)
+// as it is. A response sealed in format v1 (before version 2 bound the
+// fingerprint and the creation time) opens with the identity alone. A
+// sealed response under a key the keyring does not hold, or a nil keyring,
+// gives a *KeyError wrapping ErrUnknownKey; one that does not authenticate,
+// a *KeyError wrapping ErrOpen. The result shares nothing with resp.
+func (kr *Keyring) Open(b Binding, resp *idemstore.Response) (*idemstore.Response, error) {
+	format, name, sealed := sealedFormat(resp)
 	if !sealed {
 		return resp, nil
 	}
@@ -124,8 +174,8 @@ func (kr *Keyring) Open(id idemstore.Identity, resp *idemstore.Response) (*idems
 	if len(resp.Body) < ns {
 		return nil, &KeyError{Name: name, Err: ErrOpen}
 	}
-	var adBuf [256]byte
-	ad := additionalData(adBuf[:0], id, resp.Status, name)
+	var adBuf [384]byte
+	ad := additionalData(adBuf[:0], format, b, resp.Status, name)
 	plain, err := aead.Open(nil, resp.Body[:ns], resp.Body[ns:], ad)
 	if err != nil {
 		return nil, &KeyError{Name: name, Err: ErrOpen}
@@ -141,14 +191,26 @@ func (kr *Keyring) Open(id idemstore.Identity, resp *idemstore.Response) (*idems
 	return &idemstore.Response{Status: resp.Status, Header: h, Body: plain[w+int(n):]}, nil
 }
 
-// additionalData appends the authenticated data of a sealed response: a
-// version tag, the record's identity, the status and the key name, each
-// variable part prefixed with its length (no delimiter injection).
-func additionalData(b []byte, id idemstore.Identity, status int, keyName string) []byte {
-	b = append(b, "idem-sealed-v1"...)
-	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key, keyName} {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
+// additionalData appends the authenticated data of a sealed response of
+// format: a version tag, the record's identity, the status and the key
+// name, and in v2 the fingerprint and the creation time (in microseconds,
+// the precision every store keeps), each variable part prefixed with its
+// length (no delimiter injection). v1 is kept byte for byte, so that
+// responses sealed before v2 still open.
+func additionalData(dst []byte, format string, b Binding, status int, keyName string) []byte {
+	if format == formatV1 {
+		dst = append(dst, "idem-sealed-v1"...)
+		for _, s := range [...]string{b.Scope, b.Endpoint, b.Key, keyName} {
+			dst = binary.AppendUvarint(dst, uint64(len(s)))
+			dst = append(dst, s...)
+		}
+		return binary.AppendVarint(dst, int64(status))
 	}
-	return binary.AppendVarint(b, int64(status))
+	dst = append(dst, "idem-sealed-v2"...)
+	for _, s := range [...]string{b.Scope, b.Endpoint, b.Key, keyName, b.Fingerprint} {
+		dst = binary.AppendUvarint(dst, uint64(len(s)))
+		dst = append(dst, s...)
+	}
+	dst = binary.AppendVarint(dst, int64(status))
+	return binary.AppendVarint(dst, b.CreatedAt.UnixMicro())
 }

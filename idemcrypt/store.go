@@ -13,8 +13,26 @@ import (
 // returns it, or a value embedding it that also implements
 // idemstore.Waiter and idemstore.TxStore when the wrapped store does.
 type Store struct {
-	inner idemstore.Store
-	kr    *Keyring
+	inner    idemstore.Store
+	kr       *Keyring
+	required bool
+}
+
+// Config configures NewWithConfig. A nil *Config means all defaults.
+type Config struct {
+	// Keyring seals every stored response under its first key and opens
+	// responses sealed under any of its keys. Defaults to nil: nothing is
+	// sealed, and sealed records are refused (a *KeyError wrapping
+	// ErrUnknownKey).
+	Keyring *Keyring
+	// Required refuses, with ErrNotSealed, every stored response that is
+	// not sealed in the current format: one stored in the clear, which
+	// anyone who can write to the store can plant, and one sealed in format
+	// v1, which is not bound to its record's fingerprint and creation time.
+	// Turn it on once Rotate has sealed every record. Defaults to false:
+	// such responses are returned as they are (v1 ones opened), so records
+	// stored before encryption was turned on keep replaying.
+	Required bool
 }
 
 var (
@@ -34,10 +52,21 @@ var (
 // return the driver's transaction from Driver, so the drivers'
 // TxFromContext keep working. store must not be nil.
 func New(store idemstore.Store, kr *Keyring) idemstore.Store {
+	return NewWithConfig(store, &Config{Keyring: kr})
+}
+
+// NewWithConfig is New with cfg's keyring and, with cfg.Required, the
+// refusal of every response not sealed in the current format (ErrNotSealed).
+// cfg may be nil.
+func NewWithConfig(store idemstore.Store, cfg *Config) idemstore.Store {
 	if store == nil {
 		panic("idemcrypt: New needs a store")
 	}
-	s := &Store{inner: store, kr: kr}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	s := &Store{inner: store, kr: c.Keyring, required: c.Required}
 	w, isWaiter := store.(idemstore.Waiter)
 	ts, isTx := store.(idemstore.TxStore)
 	switch {
@@ -73,7 +102,7 @@ type sealingTx struct {
 
 // KeyComplete seals the response and completes in the transaction.
 func (t *sealingTx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	q, err := t.s.sealComplete(p)
+	q, err := t.s.sealComplete(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -113,13 +142,19 @@ func (s *Store) Keyring() *Keyring { return s.kr }
 // is not sealed, else a copy (rec may be shared, see
 // idemstore.ReserveResult).
 func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
-	if rec == nil {
-		return nil, nil
-	}
-	if _, sealed := SealedBy(rec.Response); !sealed {
+	if rec == nil || rec.Response == nil {
 		return rec, nil
 	}
-	resp, err := s.kr.Open(rec.Identity, rec.Response)
+	format, _, sealed := sealedFormat(rec.Response)
+	switch {
+	case !sealed && s.required:
+		return nil, fmt.Errorf("the stored response of record %s: %w (stored in the clear)", rec.LogHash(), ErrNotSealed)
+	case !sealed:
+		return rec, nil
+	case format != formatV2 && s.required:
+		return nil, fmt.Errorf("the stored response of record %s: %w (sealed in format %s)", rec.LogHash(), ErrNotSealed, format)
+	}
+	resp, err := s.kr.Open(BindingOf(rec), rec.Response)
 	if err != nil {
 		return nil, fmt.Errorf("opening the stored response of record %s: %w", rec.LogHash(), err)
 	}
@@ -128,25 +163,50 @@ func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
 	return &out, nil
 }
 
-// seal returns resp sealed for id, or resp when there is no keyring.
-func (s *Store) seal(id idemstore.Identity, resp *idemstore.Response) (*idemstore.Response, error) {
+// seal returns resp sealed for the record that a write fenced on (id,
+// token) stores it on, or resp when there is no keyring. rec is the record
+// as the caller reserved or read it, or nil.
+func (s *Store) seal(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record, resp *idemstore.Response) (*idemstore.Response, error) {
 	if s.kr == nil || resp == nil {
 		return resp, nil
 	}
-	sealed, err := s.kr.Seal(id, resp)
+	b, err := s.binding(ctx, id, token, rec)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := s.kr.Seal(b, resp)
 	if err != nil {
 		return nil, fmt.Errorf("sealing the response of record %s: %w", id.LogHash(), err)
 	}
 	return sealed, nil
 }
 
-func (s *Store) sealComplete(p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
+// binding returns the binding of the record a write fenced on (id, token)
+// stores its response on: rec's when the caller passed that record, else
+// the record's as the store holds it (one read more). When the store holds
+// no record of that token, the write that follows fails on its fencing
+// whatever it carries, so the binding of what the store holds will do.
+func (s *Store) binding(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record) (Binding, error) {
+	if rec != nil && rec.Identity == id && rec.Token == token {
+		return BindingOf(rec), nil
+	}
+	cur, err := s.inner.KeyGet(ctx, id)
+	switch {
+	case errors.Is(err, idemstore.ErrNotFound):
+		return Binding{Identity: id}, nil
+	case err != nil:
+		return Binding{}, fmt.Errorf("reading record %s to seal its response: %w", id.LogHash(), err)
+	}
+	return BindingOf(cur), nil
+}
+
+func (s *Store) sealComplete(ctx context.Context, p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
 	if s.kr == nil || p.Response == nil || p.NotReplayable {
 		return p, nil
 	}
 	q := *p
 	var err error
-	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+	if q.Response, err = s.seal(ctx, p.Identity, p.Token, p.Record, p.Response); err != nil {
 		return nil, err
 	}
 	return &q, nil
@@ -160,16 +220,19 @@ type invalidator interface {
 // KeyReserve reserves through the wrapped store and opens the response of
 // the record it returns. A record sealed under a key the keyring does not
 // hold fails with a *KeyError wrapping ErrUnknownKey (the middleware
-// answers 503 store-unavailable). When a cache sits below (idemcache), it
-// may hold a copy sealed under a key since retired by rotation: the copy is
-// dropped and the store asked once more.
+// answers 503 store-unavailable); one that does not open, with ErrOpen, and
+// with Config.Required one not sealed in the current format, with
+// ErrNotSealed (the middleware answers both 500 response-untrusted). When
+// a cache sits below (idemcache), it may hold a copy sealed under a key
+// since retired by rotation, or from before rotation sealed it: the copy
+// is dropped and the store asked once more.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	res, err := s.inner.KeyReserve(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	rec, err := s.open(res.Record)
-	if errors.Is(err, ErrUnknownKey) {
+	if errors.Is(err, ErrUnknownKey) || errors.Is(err, ErrNotSealed) {
 		if inv, ok := s.inner.(invalidator); ok && inv.Invalidate(ctx, p.Identity) == nil {
 			if res, err = s.inner.KeyReserve(ctx, p); err != nil {
 				return nil, err
@@ -197,7 +260,7 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 
 // KeyComplete seals the response and completes through the wrapped store.
 func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	q, err := s.sealComplete(p)
+	q, err := s.sealComplete(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -230,7 +293,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	if s.kr != nil && p.Response != nil && p.To == idemstore.StateCompleted {
 		q := *p
 		var err error
-		if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+		if q.Response, err = s.seal(ctx, p.Identity, p.Token, p.Record, p.Response); err != nil {
 			return err
 		}
 		p = &q
@@ -252,15 +315,23 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	return s.inner.KeyReap(ctx, p)
 }
 
-// KeyList is the wrapped store's KeyList with every response opened. One
-// record that does not open fails the page: use Rotate, which works on the
-// sealed records, to find and re-encrypt them.
+// KeyList is the wrapped store's KeyList with every response opened. A
+// record whose response does not open (sealed under a key the keyring does
+// not hold, not authenticating, or refused by Config.Required) does not
+// fail the page: it is listed with its response as stored, which SealedBy
+// names the key of. One such record would otherwise hide every other from
+// `idem keys` and the console. Rotate reports them by key.
 func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
 	recs, err := s.inner.KeyList(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	return s.openAll(recs)
+	for i, r := range recs {
+		if o, err := s.open(r); err == nil {
+			recs[i] = o
+		}
+	}
+	return recs, nil
 }
 
 func (s *Store) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
@@ -283,7 +354,7 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	}
 	q := *p
 	var err error
-	if q.Response, err = s.seal(p.Identity, p.Response); err != nil {
+	if q.Response, err = s.seal(ctx, p.Identity, p.Token, nil, p.Response); err != nil {
 		return err
 	}
 	return rs.KeyReseal(ctx, &q)

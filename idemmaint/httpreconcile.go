@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // Default values of the HTTPConfig fields.
@@ -23,15 +24,6 @@ const (
 var defaultStoredHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified",
-}
-
-// neverStored are the headers the middleware never keeps for replay,
-// whatever its allow-list says; a lookup's answer follows the same rule.
-var neverStored = map[string]bool{
-	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
-	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, "Idempotent-Replayed": true,
 }
 
 // HTTPConfig configures HTTPReconciler. A nil *HTTPConfig means all
@@ -81,7 +73,9 @@ func HTTPReconciler(t *URLTemplate, cfg *HTTPConfig) func(context.Context, *idem
 	c := cfg.withDefaults()
 	stored := make(map[string]bool, len(c.StoredHeaders))
 	for _, h := range c.StoredHeaders {
-		if name := http.CanonicalHeaderKey(h); !neverStored[name] {
+		// The middleware's list of headers never stored (internal/neverstored)
+		// applies to a lookup's answer too.
+		if name := http.CanonicalHeaderKey(h); !neverstored.Has(name) {
 			stored[name] = true
 		}
 	}

@@ -252,3 +252,41 @@ func TestHTTPReconcilerStoredHeadersDefault(t *testing.T) {
 		t.Errorf("the default client follows redirects: %v", err)
 	}
 }
+
+// Headers the middleware never stores are never stored from a lookup
+// either, even when the allow-list names them: Idem-Sealed above all, which
+// would make the stored answer look sealed (and, without a keyring, refused
+// as sealed under a key nobody has).
+func TestHTTPReconcilerNeverStores(t *testing.T) {
+	t.Parallel()
+	never := []string{"Idem-Sealed", "Set-Cookie", "Authorization", "Idempotent-Replayed", "Content-Length", "Transfer-Encoding"}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Idem-Sealed", "v1 k1")
+		h.Set("Set-Cookie", "session=abc")
+		h.Set("Authorization", "Bearer x")
+		h.Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(lookupBody))
+	}))
+	t.Cleanup(srv.Close)
+	tmpl, err := ParseURLTemplate(srv.URL + "/lookup/{key}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconcile := HTTPReconciler(tmpl, &HTTPConfig{StoredHeaders: append([]string{"Content-Type"}, never...)})
+	rec := &idemstore.Record{Identity: idemstore.Identity{Endpoint: "POST /v1/orders", Key: "applied"}, State: idemstore.StateUnknown}
+	got, err := reconcile(t.Context(), rec)
+	if err != nil || got.State != idemstore.StateCompleted || got.Response == nil {
+		t.Fatalf("reconcile = %+v, %v; want completed with a response", got, err)
+	}
+	for _, name := range never {
+		if v, ok := got.Response.Header[name]; ok {
+			t.Errorf("the stored answer keeps %s: %q", name, v)
+		}
+	}
+	if got.Response.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("stored header %v, want Content-Type kept", got.Response.Header)
+	}
+}

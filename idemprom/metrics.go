@@ -117,7 +117,7 @@ func New(reg prometheus.Registerer, cfg *Config) *Metrics {
 	}
 	m.decisions = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_decisions_total",
-		Help: "Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys).",
+		Help: "Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys, untrusted).",
 	}, []string{"endpoint", "tenant", "decision"}))
 	m.storeCalls = register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idem_store_call_seconds",

@@ -29,7 +29,7 @@ func TestDecisionsTenantLabelOff(t *testing.T) {
 	m.Decision("POST /v1/payments", "tenant-a", idem.DecisionReplayed)
 
 	want := `
-# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys).
+# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys, untrusted).
 # TYPE idem_decisions_total counter
 idem_decisions_total{decision="created",endpoint="POST /v1/payments",tenant=""} 2
 idem_decisions_total{decision="replayed",endpoint="POST /v1/payments",tenant=""} 1
@@ -47,7 +47,7 @@ func TestDecisionsTenantLabelOn(t *testing.T) {
 	m.Decision("POST /v1/payments", "tenant-b", idem.DecisionKeyReused)
 
 	want := `
-# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys).
+# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys, untrusted).
 # TYPE idem_decisions_total counter
 idem_decisions_total{decision="created",endpoint="POST /v1/payments",tenant="tenant-a"} 1
 idem_decisions_total{decision="key_reused",endpoint="POST /v1/payments",tenant="tenant-b"} 1
@@ -101,7 +101,7 @@ func TestLabelCardinalityIsBounded(t *testing.T) {
 		t.Errorf("idem_response_stored_bytes has %d series, want 4", n)
 	}
 	want := `
-# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys).
+# HELP idem_decisions_total Protected requests by the idempotency middleware's decision (created, replayed, in_progress, key_reused, released_retried, unknown, store_error, not_replayable, invalid, too_many_keys, untrusted).
 # TYPE idem_decisions_total counter
 idem_decisions_total{decision="created",endpoint="POST /e0",tenant="t0"} 1
 idem_decisions_total{decision="created",endpoint="POST /e1",tenant="t1"} 2

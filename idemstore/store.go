@@ -184,6 +184,11 @@ type CompleteParams struct {
 	// Response is stored unless NotReplayable is set.
 	Response      *Response
 	NotReplayable bool
+	// Record, when not nil, is the record as the attempt reserved it.
+	// Stores ignore it. A wrapper that binds the stored response to its
+	// record (idemcrypt seals the fingerprint and the creation time with
+	// it) takes them from Record instead of reading the record first.
+	Record *Record
 }
 
 // FinishParams name an attempt by its record and fencing token, for
@@ -212,6 +217,9 @@ type ResolveParams struct {
 	To State
 	// Response is stored when To is StateCompleted; nil means not replayable.
 	Response *Response
+	// Record, when not nil, is the record as the caller read it (see
+	// CompleteParams.Record). Stores ignore it.
+	Record *Record
 }
 
 // SweepParams are the inputs of Store.KeySweep.

@@ -224,9 +224,13 @@ func testEncryption(t *testing.T, setup setupFunc) {
 			if _, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, tt.want) {
 				t.Fatalf("%s: KeyGet = %v, want %v", tt.name, err, tt.want)
 			}
-			if _, err := enc.KeyList(b.ctx, &idemstore.ListParams{Scope: b.id.Scope}); !errors.Is(err, tt.want) {
-				t.Fatalf("%s: KeyList = %v, want %v", tt.name, err, tt.want)
+			// A list does not fail for it: the record is listed with its
+			// response as stored, sealed under the key it names.
+			list, err := enc.KeyList(b.ctx, &idemstore.ListParams{Scope: b.id.Scope})
+			if err != nil || len(list) != 1 {
+				t.Fatalf("%s: KeyList = %d records, %v; want the record", tt.name, len(list), err)
 			}
+			requireSealed(t, list[0], "k1")
 		}
 	})
 
@@ -268,6 +272,50 @@ func testEncryption(t *testing.T, setup setupFunc) {
 		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
 			t.Fatalf("status changed: KeyGet = %+v, %v; want ErrOpen", r, err)
 		}
+	})
+
+	t.Run("EarlierIncarnation", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		enc := idemcrypt.New(b.store, newKeyring(t, "k1"))
+		b.completeWith(t, enc, b.id, secretResponse())
+		saved := b.get(t, b.id).Response
+		requireSealed(t, b.get(t, b.id), "k1")
+
+		// The record is purged and the key used again at once, for another
+		// request: same identity, same creation time, another fingerprint.
+		if _, err := b.store.KeyPurge(b.ctx, &idemstore.PurgeParams{Identity: b.id}); err != nil {
+			t.Fatal(err)
+		}
+		p := b.params(b.id)
+		p.Fingerprint = otherFingerprint
+		b.reserveNew(t, p)
+		b.complete(t, b.id, p.Token, saved) // the answer saved earlier, planted
+		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on another fingerprint: KeyGet = %+v, %v; want ErrOpen", r, err)
+		}
+		if _, err := enc.KeyReserve(b.ctx, p); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on another fingerprint: KeyReserve = %v; want ErrOpen", err)
+		}
+
+		// The record expires and the key is used again later for the same
+		// request: same identity and fingerprint, another creation time.
+		b.clock.Advance(testTTL + time.Second)
+		p = b.params(b.id)
+		b.reserveNew(t, p)
+		b.complete(t, b.id, p.Token, saved)
+		if r, err := enc.KeyGet(b.ctx, b.id); !errors.Is(err, idemcrypt.ErrOpen) {
+			t.Fatalf("planted on a later record: KeyGet = %+v, %v; want ErrOpen", r, err)
+		}
+
+		// Its own answer, sealed for it, opens.
+		b.clock.Advance(testTTL + time.Second)
+		b.completeWith(t, enc, b.id, secretResponse())
+		got, err := enc.KeyGet(b.ctx, b.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireResponse(t, got, secretResponse())
 	})
 
 	t.Run("Rotation", func(t *testing.T) {
@@ -330,8 +378,10 @@ func testEncryption(t *testing.T, setup setupFunc) {
 		if err != nil {
 			t.Fatalf("Rotate: %v", err)
 		}
-		if total := first.Scanned + rest.Scanned; total != len(ids)+1 {
-			t.Fatalf("scanned %d + %d records, want %d", first.Scanned, rest.Scanned, len(ids)+1)
+		// The resumed run finishes the interrupted pass, then makes a whole
+		// pass from the start to see that nothing is left.
+		if total := first.Scanned + rest.Scanned; rest.Passes != 2 || total != 2*(len(ids)+1) {
+			t.Fatalf("scanned %d + %d records in %d passes, want %d in 2", first.Scanned, rest.Scanned, rest.Passes, 2*(len(ids)+1))
 		}
 		if got := first.Resealed + rest.Resealed; got != len(ids) {
 			t.Fatalf("resealed %d, want %d (%+v, %+v)", got, len(ids), first, rest)
@@ -356,8 +406,116 @@ func testEncryption(t *testing.T, setup setupFunc) {
 
 		// Again: nothing left to do.
 		again, err := idemcrypt.Rotate(b.ctx, b.store, kr.both, &idemcrypt.RotateConfig{Batch: 100})
-		if err != nil || again.Resealed != 0 || again.Current != len(ids) || again.Failed() != 1 {
+		if err != nil || again.Passes != 1 || again.Resealed != 0 || again.Current != len(ids) || again.Failed() != 1 {
 			t.Fatalf("second rotation: %+v, %v; want everything current", again, err)
+		}
+	})
+
+	t.Run("RotationWithAnOldWriter", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		if _, ok := b.store.(idemstore.Resealer); !ok {
+			t.Skipf("%T does not implement idemstore.Resealer", b.store)
+		}
+		kr := sharedKeyrings(t)
+		old := idemcrypt.New(b.store, kr.old)
+		id := func(prefix string, i int) idemstore.Identity {
+			return idemstore.Identity{Scope: b.id.Scope, Endpoint: b.id.Endpoint, Key: fmt.Sprintf("%s-%s-%02d", b.id.Key, prefix, i)}
+		}
+		var ids []idemstore.Identity
+		for i := range 6 {
+			ids = append(ids, id("m", i))
+			b.completeWith(t, old, ids[i], secretResponse())
+		}
+		// A node still running with the old keys file seals new records
+		// under the old key while the rotation runs: after each of the
+		// first batches, one record whose identity sorts before the cursor,
+		// which that pass has passed already.
+		late := 0
+		prog, err := idemcrypt.Rotate(b.ctx, b.store, kr.both, &idemcrypt.RotateConfig{Batch: 2, Progress: func(p idemcrypt.RotateProgress) {
+			if late < 3 {
+				ids = append(ids, id("a", late))
+				b.completeWith(t, old, ids[len(ids)-1], secretResponse())
+				late++
+			}
+		}})
+		if err != nil {
+			t.Fatalf("Rotate = %+v, %v", prog, err)
+		}
+		if prog.Passes < 2 || prog.Resealed != len(ids) {
+			t.Fatalf("Rotate = %+v; want every one of %d records resealed, over more than one pass", prog, len(ids))
+		}
+		for _, id := range ids {
+			requireSealed(t, b.get(t, id), "new")
+		}
+
+		// A writer that never stops: Rotate gives up after MaxPasses and
+		// says why, instead of looping for ever.
+		b.completeWith(t, old, id("b", 0), secretResponse())
+		n := 1
+		prog, err = idemcrypt.Rotate(b.ctx, b.store, kr.both, &idemcrypt.RotateConfig{Batch: 100, MaxPasses: 3, Progress: func(p idemcrypt.RotateProgress) {
+			b.completeWith(t, old, id("b", n), secretResponse())
+			n++
+		}})
+		if !errors.Is(err, idemcrypt.ErrRotationUnsettled) || prog.Passes != 3 {
+			t.Fatalf("Rotate with a writer that never stops = %+v, %v; want ErrRotationUnsettled after 3 passes", prog, err)
+		}
+
+		// A writer running on its own while Rotate runs: once it has
+		// stopped, Rotate goes on until a whole pass finds nothing left
+		// under the old key.
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		var written []idemstore.Identity
+		var writeErr error
+		first := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			defer func() {
+				if len(written) == 0 {
+					close(first)
+				}
+			}()
+			for i := range 50 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := b.params(id("c", i))
+				if _, writeErr = old.KeyReserve(b.ctx, p); writeErr != nil {
+					return
+				}
+				writeErr = old.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: p.Identity, Token: p.Token, Response: secretResponse()})
+				if writeErr != nil {
+					return
+				}
+				written = append(written, p.Identity)
+				if i == 0 {
+					close(first)
+				}
+			}
+		}()
+		<-first // the writer is at work when the rotation starts
+		once := false
+		prog, err = idemcrypt.Rotate(b.ctx, b.store, kr.both, &idemcrypt.RotateConfig{Batch: 4, MaxPasses: 100, Progress: func(p idemcrypt.RotateProgress) {
+			if p.Passes >= 2 && !once {
+				once = true
+				close(stop)
+				<-stopped
+			}
+		}})
+		if !once {
+			close(stop)
+			<-stopped
+		}
+		if err != nil || writeErr != nil {
+			t.Fatalf("Rotate with a concurrent writer = %+v, %v (writer: %v)", prog, err, writeErr)
+		}
+		if len(written) == 0 {
+			t.Fatal("the writer wrote nothing")
+		}
+		for _, id := range written {
+			requireSealed(t, b.get(t, id), "new")
 		}
 	})
 

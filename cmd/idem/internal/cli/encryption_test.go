@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,5 +154,90 @@ func TestMaintainReconcilesSealed(t *testing.T) {
 	}
 	if name, ok := idemcrypt.SealedBy(rec.Response); !ok || name != "k1" || strings.Contains(string(rec.Response.Body), "SECRET") {
 		t.Fatalf("the reconciled answer is stored in the clear: %+v", rec.Response)
+	}
+}
+
+// idem proxy --encryption-required refuses to replay an answer stored in
+// the clear (500 response-untrusted) and never forwards its request again;
+// IDEM_ENCRYPTION_REQUIRED is its fallback on proxy and payments, and it
+// needs a keys file.
+func TestProxyEncryptionRequired(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"PLANTED-OR-OLD"}`)
+	}))
+	defer up.Close()
+	db := filepath.Join(t.TempDir(), "idem.db")
+	base, e, stop := startProxy(t, "--upstream", up.URL, "--store", "sqlite:"+db)
+	if r, _ := postTo(t, base+"/v1/payments", "k", ""); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	if code := stop(); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, e.stderr)
+	}
+	keysPath, _ := writeKeysFile(t, "k1")
+	base, e, stop = startProxy(t, "--upstream", up.URL, "--store", "sqlite:"+db, "--encryption-keys-file", keysPath, "--encryption-required")
+	r, body := postTo(t, base+"/v1/payments", "k", "")
+	if r.StatusCode != http.StatusInternalServerError || !strings.Contains(body, `"code":"response-untrusted"`) || strings.Contains(body, "PLANTED") {
+		t.Fatalf("replay of a record in the clear: %d %s; want 500 response-untrusted", r.StatusCode, body)
+	}
+	if r, body := postTo(t, base+"/v1/payments", "k2", ""); r.StatusCode != http.StatusCreated || !strings.Contains(body, "PLANTED-OR-OLD") {
+		t.Fatalf("a new key: %d %s", r.StatusCode, body)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("the upstream was called %d times, want 2 (k once, k2 once)", n)
+	}
+	if code := stop(); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, e.stderr)
+	}
+
+	vars := map[string]string{"IDEM_ENCRYPTION_REQUIRED": "1", "IDEM_ENCRYPTION_KEYS_FILE": keysPath}
+	po, err := parseProxy([]string{"--upstream", up.URL}, newTestEnv(vars).env)
+	if err != nil || !po.keyring.required {
+		t.Fatalf("parseProxy with IDEM_ENCRYPTION_REQUIRED=1: required %v, %v", po != nil && po.keyring.required, err)
+	}
+	pa, err := parsePayments(nil, newTestEnv(vars).env)
+	if err != nil || !pa.keyring.required {
+		t.Fatalf("parsePayments with IDEM_ENCRYPTION_REQUIRED=1: required %v, %v", pa != nil && pa.keyring.required, err)
+	}
+	for _, args := range [][]string{{"proxy", "--upstream", up.URL, "--encryption-required"}, {"payments", "--encryption-required"}} {
+		te := newTestEnv(nil)
+		if code := run(t.Context(), args, te.env); code != ExitUsage || !strings.Contains(te.stderr.String(), "--encryption-keys-file") {
+			t.Fatalf("%v without a keys file: exit %d, %s", args, code, te.stderr)
+		}
+	}
+}
+
+// A keys file group or others may write is refused at start; one others
+// may read starts with a warning naming the file, never its keys.
+func TestKeysFilePermissions(t *testing.T) {
+	t.Parallel()
+	keysPath, material := writeKeysFile(t, "k1")
+	for _, tt := range []struct {
+		mode     os.FileMode
+		wantCode int
+		wantLog  string
+	}{
+		{0o600, ExitOK, ""},
+		{0o644, ExitOK, "readable by other users"},
+		{0o664, ExitUsage, "writable by its group or by others"},
+		{0o606, ExitUsage, "writable by its group or by others"},
+	} {
+		if err := os.Chmod(keysPath, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		te := newTestEnv(map[string]string{"IDEM_ENCRYPTION_KEYS_FILE": keysPath})
+		code := run(t.Context(), []string{"keys", "rotate-encryption", "--store", "memory:"}, te.env)
+		out := te.stderr.String()
+		if code != tt.wantCode || (tt.wantLog != "" && !strings.Contains(out, tt.wantLog)) || strings.Contains(out, material[0]) {
+			t.Errorf("mode %v: exit %d (want %d), stderr:\n%s\nwant %q", tt.mode, code, tt.wantCode, out, tt.wantLog)
+		}
+		if tt.wantLog == "" && strings.Contains(out, "readable by other") {
+			t.Errorf("mode %v: a warning for a private file:\n%s", tt.mode, out)
+		}
 	}
 }

@@ -439,7 +439,7 @@ func runKeysShow(ctx context.Context, e *env, args []string, open storeOpener) (
 	if err != nil {
 		return err
 	}
-	kr, err := o.keyring.load()
+	kr, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}
@@ -685,7 +685,7 @@ func runKeysResolve(ctx context.Context, e *env, args []string, open storeOpener
 	if err != nil {
 		return err
 	}
-	kr, err := o.keyring.load()
+	kr, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}

@@ -96,7 +96,7 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	if err != nil {
 		return err
 	}
-	keyring, err := o.keyring.load()
+	keyring, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}

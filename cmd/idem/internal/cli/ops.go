@@ -30,6 +30,9 @@ import (
 type opsOptions struct {
 	listen       string
 	consoleToken string
+	// secureCookie marks the console's session cookie Secure on every
+	// request (console.Config.SecureCookie).
+	secureCookie bool
 	addr         string // the address bound, once startOps listens
 }
 
@@ -45,12 +48,15 @@ func (o *opsOptions) consoleURL() string {
 // consoleSignIn says how to sign in to the console, for banners.
 const consoleSignIn = "sign in with the --console-token value; scripts send it as Authorization: Bearer"
 
-// register adds --ops-listen and --console-token to fs.
+// register adds --ops-listen, --console-token and --console-secure-cookie
+// to fs.
 func (o *opsOptions) register(fs *flagSet) {
 	fs.StringVar(&o.listen, "ops-listen", o.listen,
 		"`ADDR` serving /metrics (Prometheus) and, with --console-token, the operator console under /_idem/")
 	fs.StringVar(&o.consoleToken, "console-token", o.consoleToken,
 		"`TOKEN` (at least 16 bytes) that enables the operator console under /_idem/; off without it")
+	fs.BoolVar(&o.secureCookie, "console-secure-cookie", o.secureCookie,
+		"mark the console's session cookie Secure on every request, for a TLS proxy in front that sends neither X-Forwarded-Proto: https nor Forwarded: proto=https (with them, or over TLS, it is Secure anyway)")
 }
 
 // opsParts are what the operations endpoints report on; Maintainer and
@@ -107,11 +113,12 @@ func newOps(o *opsOptions, p opsParts) (*ops, error) {
 			masters = mastersOf(p.Store)
 		}
 		cfg := console.Config{
-			Store:     p.Store,
-			Masters:   masters,
-			Token:     o.consoleToken,
-			Decisions: metrics.DecisionTotals,
-			Logger:    p.Logger,
+			Store:        p.Store,
+			Masters:      masters,
+			Token:        o.consoleToken,
+			SecureCookie: o.secureCookie,
+			Decisions:    metrics.DecisionTotals,
+			Logger:       p.Logger,
 			Stats: func(context.Context) []console.Stat {
 				return consoleStats(maintainerStats(p))
 			},

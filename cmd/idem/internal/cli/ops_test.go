@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -122,7 +123,10 @@ func TestProxyOpsAndCache(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), `idem_decisions_total{decision="replayed",endpoint="POST /v1/pay",tenant=""} 2`) {
+	// Labelled by the method alone: the proxy knows no routes, and a raw
+	// path is never a label by default (--metrics-routes,
+	// --metrics-path-segments).
+	if !strings.Contains(string(body), `idem_decisions_total{decision="replayed",endpoint="POST /*",tenant=""} 2`) || strings.Contains(string(body), "/v1/pay") {
 		t.Fatalf("/metrics does not count the two replays:\n%s", body)
 	}
 	req, _ := http.NewRequest("GET", "http://"+m[1]+"/_idem/", nil)
@@ -203,5 +207,49 @@ func TestOpsBacklogFromStore(t *testing.T) {
 	}
 	if body := scrape(nodes[0]); !strings.Contains(body, "idem_reconcile_scheduled_total 0") {
 		t.Fatal("/metrics lacks idem_reconcile_scheduled_total")
+	}
+}
+
+// --console-secure-cookie (IDEM_CONSOLE_SECURE_COOKIE) marks the session
+// cookie Secure even on a plain request, for a TLS proxy that does not say
+// so; without it a plain login's cookie is not.
+func TestOpsConsoleSecureCookie(t *testing.T) {
+	t.Parallel()
+	token := strings.Repeat("s", 32)
+	login := func(o *opsOptions) *http.Cookie {
+		t.Helper()
+		ops, err := newOps(o, opsParts{Store: idemmem.New(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest("POST", "/_idem/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		w := httptest.NewRecorder()
+		ops.Handler.ServeHTTP(w, r)
+		for _, c := range w.Result().Cookies() {
+			if c.Name == "idem_console" {
+				return c
+			}
+		}
+		t.Fatalf("login: %d, no session cookie", w.Code)
+		return nil
+	}
+	if c := login(&opsOptions{consoleToken: token}); c.Secure {
+		t.Error("a plain login's cookie is Secure without the flag")
+	}
+	vars := map[string]string{"IDEM_CONSOLE_TOKEN": token, "IDEM_CONSOLE_SECURE_COOKIE": "true"}
+	o, err := parseProxy([]string{"--upstream", "http://127.0.0.1:1"}, newTestEnv(vars).env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := login(&o.ops); !c.Secure {
+		t.Error("IDEM_CONSOLE_SECURE_COOKIE=true: the cookie is not Secure")
+	}
+	p, err := parsePayments([]string{"--console-token", token, "--console-secure-cookie"}, newTestEnv(nil).env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := login(&p.ops); !c.Secure {
+		t.Error("payments --console-secure-cookie: the cookie is not Secure")
 	}
 }

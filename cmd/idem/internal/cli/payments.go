@@ -95,10 +95,14 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(durationValue{p: &o.settleAfter}, "settle-after", "`DURATION` after a dead-lettered charge's last attempt before \"no charge at the provider\" fails the payment")
 	fs.BoolVar(&o.demo, "demo", o.demo, "with the demo tenant on a fresh database, send one payment twice at start to show the replay")
 	o.keyring.register(fs)
+	o.keyring.registerRequired(fs)
 	o.guards.register(fs)
 	o.ops.register(fs)
 	err := fs.parse(args, e)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.keyring.check(); err != nil {
 		return nil, err
 	}
 	if o.tokensRaw != "" {
@@ -243,25 +247,26 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 		providerURL = prov.URL()
 	}
 
-	keyring, err := o.keyring.load()
+	keyring, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}
 	metrics := &lateMetrics{}
 	cfg := &paysvc.Config{
-		Keyring:           keyring,
-		Store:             o.store,
-		Tokens:            tokens,
-		ProviderURL:       providerURL,
-		RelayWorkers:      o.relayWorkers,
-		RelayInterval:     o.relayInterval,
-		ReconcileInterval: o.reconcileInterval,
-		MaxAttempts:       o.maxAttempts,
-		DeliverTimeout:    o.deliverTimeout,
-		KeyLease:          o.lease,
-		SettleAfter:       o.settleAfter,
-		Metrics:           metrics,
-		Logger:            e.logger,
+		Keyring:            keyring,
+		EncryptionRequired: o.keyring.required,
+		Store:              o.store,
+		Tokens:             tokens,
+		ProviderURL:        providerURL,
+		RelayWorkers:       o.relayWorkers,
+		RelayInterval:      o.relayInterval,
+		ReconcileInterval:  o.reconcileInterval,
+		MaxAttempts:        o.maxAttempts,
+		DeliverTimeout:     o.deliverTimeout,
+		KeyLease:           o.lease,
+		SettleAfter:        o.settleAfter,
+		Metrics:            metrics,
+		Logger:             e.logger,
 
 		BodyTimeout:              o.guards.bodyTimeout,
 		MinKeyLength:             o.guards.minKeyLength,

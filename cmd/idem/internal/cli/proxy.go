@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,6 +52,10 @@ type proxyOptions struct {
 	guards      safeguardOptions
 	async       bool
 	problemBase string
+	// metricsRoutes and metricsSegments name requests in the metrics
+	// (idem.Config.MetricsEndpoint): never by their raw path.
+	metricsRoutes   *http.ServeMux
+	metricsSegments int
 }
 
 // parseProxy reads the flags of `idem proxy` and their IDEM_* fallbacks.
@@ -87,9 +92,12 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	fs.Var(sizeValue{&o.maxResponse}, "max-response", "largest answer stored, in `BYTES`; larger is delivered once, not replayable")
 	fs.StringVar(&o.cache, "cache", "", "replay cache `URL` in front of the store: redis://…, redis+cluster://…, redis+sentinel://… or memory: (in-process LRU); off by default")
 	o.keyring.register(fs)
+	o.keyring.registerRequired(fs)
 	fs.Var(fieldsValue{&o.redact}, "redact-json-fields", "comma-separated JSON member `PATHS` (token,card.number) removed from stored bodies: replays lack them, the first answer has them")
 	fs.BoolVar(&o.async, "async", o.async, "answer a retry of a request still in progress 202 Accepted with Retry-After instead of 409 key-in-use")
 	fs.Var(problemBaseValue{&o.problemBase}, "problem-base-uri", "`URI` the problem code is appended to, to form a problem+json \"type\"")
+	fs.Var(routesValue{&o.metricsRoutes}, "metrics-routes", "comma-separated route `PATTERNS` (http.ServeMux syntax: POST /v1/reset/{token}) the metrics label requests by; a request no pattern matches is labelled by --metrics-path-segments")
+	fs.Var(nonNegativeIntValue{&o.metricsSegments}, "metrics-path-segments", "leading path segments `N` in the metrics label of a request no --metrics-routes pattern matches (0: the method alone, \"POST /*\"); never more than carry no identifier or secret")
 	o.guards.register(fs)
 	o.ops.register(fs)
 	fs.BoolVar(&o.maintain, "maintain", o.maintain, "also run the maintainer of 'idem maintain' (sweeper, reaper and, with --reconcile-url, reconciler) in this process")
@@ -98,6 +106,9 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 		return nil, err
 	}
 	if err := o.reconcile.check(o.maintain); err != nil {
+		return nil, err
+	}
+	if err := o.keyring.check(); err != nil {
 		return nil, err
 	}
 	if o.upstream == nil {
@@ -164,6 +175,7 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 		// different endpoints, as they may be different resources.
 		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
 	}
+	cfg.MetricsEndpoint = metricsEndpoint(o.metricsRoutes, o.metricsSegments)
 	if o.scopeHeader != "" {
 		cfg.Scope = scopeFromHeader(o.scopeHeader)
 	}
@@ -172,6 +184,67 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 	}
 	o.guards.apply(cfg)
 	return cfg
+}
+
+// metricsEndpoint returns the proxy's idem.Config.MetricsEndpoint: the
+// method and the first pattern of routes the request matches, else the
+// method and the path's first segments segments. The records themselves
+// stay named by the raw path: the upstream routes on it.
+func metricsEndpoint(routes *http.ServeMux, segments int) func(*http.Request) string {
+	byPath := idem.MetricsPathPrefix(segments)
+	return func(r *http.Request) string {
+		if routes != nil {
+			if _, pattern := routes.Handler(r); pattern != "" {
+				if i := strings.IndexByte(pattern, ' '); i > 0 && !strings.ContainsRune(pattern[:i], '/') {
+					return pattern
+				}
+				return r.Method + " " + pattern
+			}
+		}
+		return byPath(r)
+	}
+}
+
+// routesValue is a comma-separated list of http.ServeMux patterns, kept
+// as a mux that matches them.
+type routesValue struct{ p **http.ServeMux }
+
+func (v routesValue) String() string { return "" }
+
+func (v routesValue) Set(s string) (err error) {
+	mux := http.NewServeMux()
+	defer func() {
+		// ServeMux panics on an invalid or conflicting pattern.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	for pattern := range strings.SplitSeq(s, ",") {
+		if pattern = strings.TrimSpace(pattern); pattern != "" {
+			mux.Handle(pattern, http.NotFoundHandler())
+		}
+	}
+	*v.p = mux
+	return nil
+}
+
+// nonNegativeIntValue is a whole number of at least 0.
+type nonNegativeIntValue struct{ p *int }
+
+func (v nonNegativeIntValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v nonNegativeIntValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || strconv.Itoa(n) != s {
+		return errors.New("want a whole number of at least 0")
+	}
+	*v.p = n
+	return nil
 }
 
 // errNoScope is the logged cause of the 401 for a request without the scope
@@ -213,7 +286,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	keyring, err := o.keyring.load()
+	keyring, err := o.keyring.load(e)
 	if err != nil {
 		return err
 	}
@@ -269,6 +342,7 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	cfg := o.config(e)
 	cfg.Metrics = opsHandler.Metrics
 	cfg.Keyring = keyring
+	cfg.EncryptionRequired = o.keyring.required
 	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",

@@ -475,3 +475,42 @@ func TestProxyLogRedactsStorePassword(t *testing.T) {
 		t.Errorf("logs lack the redacted store URL:\n%s", logs)
 	}
 }
+
+// The proxy's metrics never label a request by its raw path: by the route
+// template it matches (--metrics-route), else by the method and
+// --metrics-path-segments leading segments (none by default).
+func TestProxyMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	label := func(args []string, vars map[string]string, method, path string) string {
+		t.Helper()
+		te := newTestEnv(vars)
+		o, err := parseProxy(append([]string{"--upstream", "http://127.0.0.1:1"}, args...), te.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.config(te.env).MetricsEndpoint(httptest.NewRequest(method, path, nil))
+	}
+	for _, tt := range []struct {
+		args         []string
+		vars         map[string]string
+		method, path string
+		want         string
+	}{
+		{nil, nil, "POST", "/v1/reset/SECRETPATHTOKEN", "POST /*"},
+		{[]string{"--metrics-path-segments", "2"}, nil, "POST", "/v1/reset/SECRETPATHTOKEN", "POST /v1/reset/*"},
+		{[]string{"--metrics-routes", "POST /v1/reset/{token}, /v1/orders/{id}/items"}, nil, "POST", "/v1/reset/SECRETPATHTOKEN", "POST /v1/reset/{token}"},
+		{[]string{"--metrics-routes", "POST /v1/reset/{token}, /v1/orders/{id}/items"}, nil, "PATCH", "/v1/orders/o_1/items", "PATCH /v1/orders/{id}/items"},
+		{[]string{"--metrics-routes", "POST /v1/reset/{token}", "--metrics-path-segments", "1"}, nil, "POST", "/v1/other/x", "POST /v1/*"},
+		{nil, map[string]string{"IDEM_METRICS_ROUTES": "POST /v1/reset/{token}"}, "POST", "/v1/reset/T", "POST /v1/reset/{token}"},
+	} {
+		if got := label(tt.args, tt.vars, tt.method, tt.path); got != tt.want {
+			t.Errorf("%v %v: %s %s is labelled %q, want %q", tt.args, tt.vars, tt.method, tt.path, got, tt.want)
+		}
+	}
+	for _, bad := range []string{"POST /a/{x", "GET /a, GET /a"} {
+		te := newTestEnv(nil)
+		if code := run(t.Context(), []string{"proxy", "--upstream", "http://127.0.0.1:1", "--metrics-routes", bad}, te.env); code != ExitUsage {
+			t.Errorf("--metrics-route %q: exit %d, want %d: %s", bad, code, ExitUsage, te.stderr)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -23,7 +25,6 @@ const cookieName = "idem_console"
 type keys struct {
 	compare []byte // HMAC key for comparing tokens in constant time
 	want    []byte // HMAC(compare, token)
-	session []byte // HMAC key of the session cookie
 	csrf    []byte // HMAC key of the CSRF tokens
 	ref     cipher.AEAD
 }
@@ -36,7 +37,7 @@ func deriveKeys(token string) keys {
 		h.Write([]byte("idem-console/" + label))
 		return h.Sum(nil)
 	}
-	k := keys{compare: derive("compare"), session: derive("session"), csrf: derive("csrf")}
+	k := keys{compare: derive("compare"), csrf: derive("csrf")}
 	k.want = mac(k.compare, token)
 	block, err := aes.NewCipher(derive("ref")) // 32 bytes: AES-256
 	if err != nil {
@@ -60,31 +61,67 @@ func (k *keys) checkToken(got string) bool {
 	return hmac.Equal(mac(k.compare, got), k.want)
 }
 
-// sessionValue returns the cookie value of a session issued at issued: the
-// issue time and its HMAC, never the token.
-func (k *keys) sessionValue(issued time.Time) string {
-	payload := "v1." + strconv.FormatInt(issued.Unix(), 10)
-	return payload + "." + base64.RawURLEncoding.EncodeToString(mac(k.session, payload))
+// maxSessions bounds the sessions a console keeps; past it, a login ends
+// the session closest to its expiry.
+const maxSessions = 1024
+
+// sessions are the live sessions: each a random cookie value, kept here as
+// its SHA-256 with its expiry, so a logout revokes one (and a restart, or a
+// new token, all of them). A session belongs to the process that issued it.
+type sessions struct {
+	mu      sync.Mutex
+	expires map[[sha256.Size]byte]time.Time
 }
 
-// checkSession reports whether v is a session cookie value issued by this
-// console that has not expired at now.
-func (k *keys) checkSession(v string, now time.Time, ttl time.Duration) bool {
-	i := strings.LastIndexByte(v, '.')
-	if i < 0 || !strings.HasPrefix(v, "v1.") {
+// issue returns the cookie value of a new session that lasts until expiry.
+func (s *sessions) issue(now, expiry time.Time) string {
+	var b [32]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	value := base64.RawURLEncoding.EncodeToString(b[:])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.expires == nil {
+		s.expires = make(map[[sha256.Size]byte]time.Time)
+	}
+	for h, exp := range s.expires {
+		if !now.Before(exp) {
+			delete(s.expires, h)
+		}
+	}
+	if len(s.expires) >= maxSessions {
+		var first [sha256.Size]byte
+		var firstExp time.Time
+		for h, exp := range s.expires {
+			if firstExp.IsZero() || exp.Before(firstExp) {
+				first, firstExp = h, exp
+			}
+		}
+		delete(s.expires, first)
+	}
+	s.expires[sha256.Sum256([]byte(value))] = expiry
+	return value
+}
+
+// check reports whether v is the cookie value of a live session at now.
+// The lookup is by hash, so its timing says nothing of the values held.
+func (s *sessions) check(v string, now time.Time) bool {
+	h := sha256.Sum256([]byte(v))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	exp, ok := s.expires[h]
+	if ok && !now.Before(exp) {
+		delete(s.expires, h)
 		return false
 	}
-	payload, sig := v[:i], v[i+1:]
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, mac(k.session, payload)) {
-		return false
-	}
-	unix, err := strconv.ParseInt(strings.TrimPrefix(payload, "v1."), 10, 64)
-	if err != nil {
-		return false
-	}
-	issued := time.Unix(unix, 0)
-	return now.Before(issued.Add(ttl)) && !issued.After(now.Add(time.Minute))
+	return ok
+}
+
+// revoke ends the session of cookie value v.
+func (s *sessions) revoke(v string) {
+	h := sha256.Sum256([]byte(v))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.expires, h)
 }
 
 // csrfToken returns the CSRF token of a session.
@@ -127,7 +164,7 @@ func (c *console) authenticate(r *http.Request) (*session, bool) {
 		return &session{id: "bearer", operator: "bearer"}, true
 	}
 	ck, err := r.Cookie(cookieName)
-	if err != nil || !c.keys.checkSession(ck.Value, c.cfg.Now(), c.cfg.SessionTTL) {
+	if err != nil || !c.sessions.check(ck.Value, c.cfg.Now()) {
 		return nil, false
 	}
 	sum := sha256.Sum256([]byte(ck.Value))
@@ -172,14 +209,15 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		c.unauthorizedLogin(w, r, next, "Wrong token.")
 		return
 	}
-	value := c.keys.sessionValue(c.cfg.Now())
+	now := c.cfg.Now()
+	value := c.sessions.issue(now, now.Add(c.cfg.SessionTTL))
 	http.SetCookie(w, &http.Cookie{
 		Name:     cookieName,
 		Value:    value,
 		Path:     c.cfg.Prefix + "/",
 		MaxAge:   int(c.cfg.SessionTTL / time.Second),
 		HttpOnly: true,
-		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		Secure:   c.secureCookie(r),
 		SameSite: http.SameSiteStrictMode,
 	})
 	sum := sha256.Sum256([]byte(value))
@@ -188,20 +226,47 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-// logout clears the session cookie. (The cookie's value stays valid until
-// it expires: sessions are stateless. Change the token to end them all.)
+// logout ends the request's session (a copy of its cookie no longer
+// works) and clears the cookie.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(cookieName); err == nil && r.Header.Get("Authorization") == "" {
+		c.sessions.revoke(ck.Value)
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name:     cookieName,
 		Value:    "",
 		Path:     c.cfg.Prefix + "/",
 		MaxAge:   -1,
 		HttpOnly: true,
-		Secure:   c.cfg.SecureCookie || r.TLS != nil,
+		Secure:   c.secureCookie(r),
 		SameSite: http.SameSiteStrictMode,
 	})
 	c.cfg.Logger.Info("idem console: logout", slog.String("operator", sessionFrom(r).operator))
 	http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+}
+
+// secureCookie reports whether the session cookie set in answer to r is
+// Secure: with Config.SecureCookie, when r came over TLS, and when a proxy
+// in front says the client's request did (X-Forwarded-Proto: https, or
+// Forwarded: proto=https). Trusting those headers costs nothing: a forged
+// one only gets its sender a cookie its browser keeps off plain HTTP.
+func (c *console) secureCookie(r *http.Request) bool {
+	if c.cfg.SecureCookie || r.TLS != nil {
+		return true
+	}
+	if proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return true
+	}
+	// Forwarded (RFC 7239): the first element is the proxy nearest the
+	// client.
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for pair := range strings.SplitSeq(first, ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(name, "proto") && strings.EqualFold(strings.Trim(value, `"`), "https") {
+			return true
+		}
+	}
+	return false
 }
 
 // authFailed counts a failed authentication against the client's address

@@ -41,8 +41,7 @@ type Config struct {
 	Masters func(ctx context.Context) ([]string, error)
 	// Token is the console's secret; it must be at least MinTokenLength
 	// bytes (generate 32 random bytes). It authenticates operators and keys
-	// the HMACs of the session cookie and the CSRF tokens and the sealing of
-	// references: changing it signs every operator out.
+	// the HMACs of the CSRF tokens and the sealing of references.
 	Token string
 	// Prefix is the path the console is mounted at, without a trailing
 	// slash; the handler serves Prefix+"/" and everything below it, without
@@ -75,8 +74,10 @@ type Config struct {
 	// SessionTTL is how long a login lasts. Defaults to 12 hours.
 	SessionTTL time.Duration
 	// SecureCookie sets the Secure attribute on the session cookie even when
-	// the request did not arrive over TLS (TLS terminated by a proxy).
-	// Defaults to false: Secure is set when the request came over TLS.
+	// the request did not arrive over TLS (TLS terminated by a proxy that
+	// does not say so). Defaults to false: Secure is set when the request
+	// came over TLS, or a proxy says it did (X-Forwarded-Proto: https or
+	// Forwarded: proto=https).
 	SecureCookie bool
 	// CountLimit bounds the records counted per state on the overview;
 	// beyond it the count shows as "N+". Defaults to 10000.
@@ -137,6 +138,7 @@ type console struct {
 	rates rateTracker
 
 	failures failureLimiter // failed logins and bearer tokens per client address
+	sessions sessions       // the signed-in operators' cookies
 }
 
 // New returns the console's handler, to be mounted at cfg.Prefix+"/" (by

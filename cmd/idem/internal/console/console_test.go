@@ -365,3 +365,87 @@ func httptestGet(path string) *http.Request {
 	req.Header.Del("Content-Type")
 	return req
 }
+
+// Behind a proxy that terminated TLS (X-Forwarded-Proto: https, or
+// Forwarded: proto=https) the session cookie is Secure, and with
+// SecureCookie always; a plain request without either gets none (a browser
+// on http:// would drop a Secure cookie).
+func TestSessionCookieSecureBehindATLSProxy(t *testing.T) {
+	t.Parallel()
+	cookie := func(b *bundle, path string, set func(*http.Request)) *http.Cookie {
+		t.Helper()
+		req := postRequest(path, url.Values{"token": {testToken}})
+		set(req)
+		for _, c := range b.do(req).Result().Cookies() {
+			if c.Name == "idem_console" {
+				return c
+			}
+		}
+		t.Fatalf("%s set no session cookie", path)
+		return nil
+	}
+	b := setup(t)
+	for _, tt := range []struct {
+		name   string
+		set    func(*http.Request)
+		secure bool
+	}{
+		{"Plain", func(*http.Request) {}, false},
+		{"XForwardedProto", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "https") }, true},
+		{"XForwardedProtoList", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "HTTPS, http") }, true},
+		{"Forwarded", func(r *http.Request) { r.Header.Set("Forwarded", `for=192.0.2.1;proto=https;host=ops.example.com`) }, true},
+		{"ForwardedHTTP", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "http") }, false},
+	} {
+		if c := cookie(b, "/_idem/login", tt.set); c.Secure != tt.secure {
+			t.Errorf("%s: login cookie Secure = %v, want %v", tt.name, c.Secure, tt.secure)
+		}
+	}
+	always := setup(t, func(c *console.Config) { c.SecureCookie = true })
+	if c := cookie(always, "/_idem/login", func(*http.Request) {}); !c.Secure {
+		t.Error("SecureCookie: a plain login set no Secure cookie")
+	}
+}
+
+// Sessions are random and kept by the console: two logins in the same
+// second get different cookies, and a logout ends its own session (a copy
+// of the cookie no longer works) and no other.
+func TestSessionsAreUniqueAndRevocable(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // the test clock stands still: both logins in one instant
+	first, second := b.login(t), b.login(t)
+	if first.Value == second.Value {
+		t.Fatalf("two logins in the same second got the same cookie %q", first.Value)
+	}
+	status := func(c *http.Cookie) int {
+		req := httptestGet("/_idem/")
+		req.AddCookie(c)
+		return b.do(req).Code
+	}
+	if status(first) != http.StatusOK || status(second) != http.StatusOK {
+		t.Fatal("a fresh session does not work")
+	}
+	req := httptestGet("/_idem/")
+	req.AddCookie(first)
+	csrf := formValue(t, b.do(req).Body.String(), "csrf")
+	req = postRequest("/_idem/logout", url.Values{"csrf": {csrf}})
+	req.AddCookie(first)
+	if rec := b.do(req); rec.Code != http.StatusSeeOther {
+		t.Fatalf("logout: %d", rec.Code)
+	}
+	if got := status(first); got != http.StatusUnauthorized {
+		t.Fatalf("the logged-out cookie still works: %d, want 401", got)
+	}
+	if got := status(second); got != http.StatusOK {
+		t.Fatalf("another session ended with the logout: %d", got)
+	}
+	// A made-up or altered cookie is no session.
+	forged := *second
+	last := "A"
+	if strings.HasSuffix(second.Value, "A") {
+		last = "B"
+	}
+	forged.Value = second.Value[:len(second.Value)-1] + last
+	if got := status(&forged); got != http.StatusUnauthorized {
+		t.Fatalf("an altered cookie works: %d", got)
+	}
+}

@@ -12,10 +12,15 @@
 //
 //   - Every request is authenticated, with the token in an
 //     "Authorization: Bearer" header or with the session cookie the login
-//     form sets. The cookie holds an issue time and an HMAC keyed by the
-//     token, never the token; it is HttpOnly, SameSite=Strict, scoped to the
-//     console's path and expires (Config.SessionTTL). Comparisons are
-//     constant-time, and failed logins are rate limited.
+//     form sets. The cookie holds a random session id (32 bytes) that the
+//     console keeps, as a hash, with its expiry (Config.SessionTTL): every
+//     login gets its own, and a logout revokes it, so a copy of the cookie
+//     stops working. It is HttpOnly, SameSite=Strict, scoped to the
+//     console's path, and Secure over TLS, behind a proxy that says the
+//     client used TLS (X-Forwarded-Proto, Forwarded) or with
+//     Config.SecureCookie. Sessions live in the process that issued them
+//     (a restart signs everyone out). Comparisons are constant-time, and
+//     failed logins are rate limited.
 //   - Every POST carries a CSRF token derived (HMAC) from the session and is
 //     checked, as are Origin and Sec-Fetch-Site when the browser sends them
 //     (net/http.CrossOriginProtection).

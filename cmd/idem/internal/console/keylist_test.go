@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/console"
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
 )
 
 // keysOn returns the keys a key list page shows, in order.
@@ -107,5 +109,26 @@ func TestExplanations(t *testing.T) {
 	}
 	if page := b.get(t, link[0]).Body.String(); !strings.Contains(page, `id="unknown-explained"`) {
 		t.Errorf("the unknown key's page lacks the explanation")
+	}
+}
+
+// A record whose response does not open with the console's keys (sealed
+// under a key its keys file lacks) is listed like any other: the list does
+// not fail for it.
+func TestKeyListShowsRecordsUnderAMissingKey(t *testing.T) {
+	t.Parallel()
+	var store idemstore.Store
+	b := setup(t, func(c *console.Config) {
+		store = idemcrypt.New(c.Store, idemtest.NewTestKeyring(t, "present"))
+		c.Store = store
+	})
+	completed(t, idemcrypt.New(b.store, idemtest.NewTestKeyring(t, "gone")), idemstore.Identity{Endpoint: "POST /v1/payments", Key: "sealed-gone"}, &idemstore.Response{Status: 201, Body: []byte("x")})
+	completed(t, store, idemstore.Identity{Endpoint: "POST /v1/payments", Key: "sealed-present"}, &idemstore.Response{Status: 201, Body: []byte("y")})
+	page := b.get(t, "/_idem/keys")
+	if got := strings.Join(keysOn(page.Body.String()), ","); page.Code != 200 || got != "sealed-present,sealed-gone" && got != "sealed-gone,sealed-present" {
+		t.Fatalf("key list %d lists %q; want both records:\n%s", page.Code, got, page.Body)
+	}
+	if strings.Contains(page.Body.String(), "store is unavailable") {
+		t.Fatalf("the key list reports a failure:\n%s", page.Body)
 	}
 }

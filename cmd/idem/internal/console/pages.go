@@ -175,7 +175,7 @@ func (c *console) decisionRows(totals map[string]float64, now time.Time) ([]deci
 			row.Rate = strconv.FormatFloat(rate*60, 'f', 1, 64)
 		}
 		switch name {
-		case "unknown", "store_error", "key_reused", "not_replayable":
+		case "unknown", "store_error", "key_reused", "not_replayable", "untrusted":
 			row.Warn = totals[name] > 0
 		}
 		rows = append(rows, row)

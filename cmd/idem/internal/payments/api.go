@@ -50,6 +50,8 @@ func (s *Service) routes() http.Handler {
 		Now:     s.cfg.Now,
 		Keyring: s.cfg.Keyring,
 
+		EncryptionRequired: s.cfg.EncryptionRequired,
+
 		BodyTimeout:              s.cfg.BodyTimeout,
 		MinKeyLength:             s.cfg.MinKeyLength,
 		MaxInProgressPerScope:    s.cfg.MaxInProgressPerScope,

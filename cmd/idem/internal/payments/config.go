@@ -153,6 +153,10 @@ type Config struct {
 	// Keyring encrypts the stored responses of the idempotency keys at rest
 	// (idem's Config.Keyring). Defaults to none: stored in the clear.
 	Keyring *idemcrypt.Keyring
+	// EncryptionRequired refuses to replay a stored response that is not
+	// sealed in the current format (idem's Config.EncryptionRequired); it
+	// needs a Keyring. Defaults to false.
+	EncryptionRequired bool
 	// Now is the clock of the store, the outbox, the relay and the
 	// reconciler. Defaults to time.Now.
 	Now func() time.Time
