@@ -52,7 +52,7 @@ func printKeysUsage(w io.Writer) {
 	for _, c := range keysCommands {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND -h' for its flags.\n")
+	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND --help' for its flags.\n")
 }
 
 func runKeys(ctx context.Context, e *env, args []string) error {

@@ -183,7 +183,7 @@ func TestKeysUsage(t *testing.T) {
 		{[]string{"keys", "list", "-h"}, ExitOK, "--tenant-header-value VALUE  (IDEM_TENANT_HEADER_VALUE)", ""},
 		{[]string{"keys", "resolve", "--help"}, ExitOK, "Usage: idem keys resolve --endpoint ENDPOINT", ""},
 		{[]string{"keys", "purge", "-h"}, ExitOK, "--key KEY  (IDEM_KEY)", ""},
-		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys -h' for usage."},
+		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys --help' for usage."},
 		{[]string{"keys", "list", "--store", "sqlite:" + filepath.Join(t.TempDir(), "typo.db")}, ExitError, "", "idem keys: opening the store: store sqlite:"},
 	}
 	for _, tt := range tests {
