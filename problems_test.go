@@ -144,7 +144,9 @@ func TestStripeProfileAnswersInStripeShape(t *testing.T) {
 			},
 			status: 409, typ: "idempotency_error", code: "not-replayable", shouldRetry: "false"},
 		{name: "body too large", cfg: stripe(idem.Config{MaxBody: 4}),
-			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder { return b.do(t, "POST", "key-one", `{"a":1}`) },
+			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder {
+				return b.do(t, "POST", "key-one", `{"a":1}`)
+			},
 			status: 400, typ: "invalid_request_error", code: "body-too-large", shouldRetry: "false"},
 		{name: "unauthorized", cfg: stripe(idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New("no tenant") }}),
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder { return b.do(t, "POST", "key-one", "{}") },
