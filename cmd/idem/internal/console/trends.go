@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"math"
@@ -60,6 +61,9 @@ type Trends struct {
 	mu      sync.Mutex
 	buckets []bucket      // oldest first, at most trendMinutes
 	recent  []observation // oldest first, within rateSpan of the newest (plus one)
+	// observed reports that Observe was called: the first bucket of all
+	// counts its decisions from zero (the totals are the process's).
+	observed bool
 }
 
 // NewTrends returns an empty Trends.
@@ -83,7 +87,15 @@ func (t *Trends) Observe(now time.Time, s Sample) {
 		b.last, b.gauges = s.Decisions, s
 		return
 	}
-	t.buckets = append(t.buckets, bucket{minute: minute, first: s.Decisions, last: s.Decisions, gauges: s})
+	first := s.Decisions
+	if !t.observed {
+		// The decision totals count from the process's start, which the
+		// first sample follows closely: what they hold already happened in
+		// this first minute (a start-up demo, a burst before the sampler).
+		first = nil
+	}
+	t.observed = true
+	t.buckets = append(t.buckets, bucket{minute: minute, first: first, last: s.Decisions, gauges: s})
 	for len(t.buckets) > 0 && minute.Sub(t.buckets[0].minute) >= trendMinutes*time.Minute {
 		t.buckets = t.buckets[1:]
 	}
@@ -264,16 +276,28 @@ var decisionKinds = []struct {
 // chartData is what the overview shows of the trends.
 type chartData struct {
 	Decisions, Outbox, Unknown template.HTML
-	Minutes                    int // observed minutes
+	Minutes                    int    // observed minutes
+	Span                       int    // the minutes the charts span
+	SpanText                   string // "last hour", or "last N minutes (since this process started)"
 }
 
-// charts draws the last hour of t, ending with now's minute.
+// charts draws the last hour of t, ending with now's minute; while the
+// trends are younger than an hour (the process started less than an hour
+// ago), they span the trends' life instead, from their first minute.
 func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData {
 	ms := t.minutes()
 	end := now.UTC().Truncate(time.Minute)
-	slot := func(at time.Time) int { return trendMinutes - 1 - int(end.Sub(at)/time.Minute) }
+	window := trendMinutes
+	spanText := "last hour"
+	if len(ms) > 0 {
+		if life := int(end.Sub(ms[0].At)/time.Minute) + 1; life < trendMinutes {
+			window = max(life, 2) // a line needs two minutes
+			spanText = fmt.Sprintf("last %d minutes (since this process started)", window)
+		}
+	}
+	slot := func(at time.Time) int { return window - 1 - int(end.Sub(at)/time.Minute) }
 	blank := func() []float64 {
-		v := make([]float64, trendMinutes)
+		v := make([]float64, window)
 		for i := range v {
 			v[i] = math.NaN()
 		}
@@ -286,7 +310,7 @@ func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData
 	depth, dead, backlog, oldest := blank(), blank(), blank(), blank()
 	for _, m := range ms {
 		i := slot(m.At)
-		if i < 0 || i >= trendMinutes {
+		if i < 0 || i >= window {
 			continue
 		}
 		for k, kind := range decisionKinds {
@@ -303,21 +327,23 @@ func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData
 			backlog[i], oldest[i] = float64(*m.UnknownBacklog), *m.OldestUnknownSeconds/60
 		}
 	}
-	d := chartData{Minutes: len(ms)}
+	d := chartData{Minutes: len(ms), Span: window, SpanText: spanText}
 	if withDecisions {
 		ss := make([]series, len(decisionKinds))
 		for k, kind := range decisionKinds {
-			ss[k] = series{Name: kind.name, Color: kind.color, Values: kinds[k]}
+			// The legend sums the minutes: the decisions over the span,
+			// which the table's totals are while the process is young.
+			ss[k] = series{Name: kind.name, Color: kind.color, Values: kinds[k], Sum: true}
 		}
-		d.Decisions = lineChart("chart-decisions", "Decisions per minute by kind, last hour", end, ss)
+		d.Decisions = lineChart("chart-decisions", "Decisions per minute by kind, "+spanText, end, ss)
 	}
 	if withOutbox {
-		d.Outbox = lineChart("chart-outbox", "Outbox depth and dead letters, last hour", end, []series{
+		d.Outbox = lineChart("chart-outbox", "Outbox depth and dead letters, "+spanText, end, []series{
 			{Name: "pending", Color: "#2856c7", Values: depth},
 			{Name: "dead letters", Color: "#b42318", Values: dead},
 		})
 	}
-	d.Unknown = lineChart("chart-unknown", "Unknown backlog and the oldest unknown's age in minutes, last hour", end, []series{
+	d.Unknown = lineChart("chart-unknown", "Unknown backlog and the oldest unknown's age in minutes, "+spanText, end, []series{
 		{Name: "unknown records", Color: "#b54708", Values: backlog},
 		{Name: "oldest, minutes", Color: "#667085", Values: oldest},
 	})
