@@ -106,8 +106,10 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Masters = masters
 	}
+	var totals map[string]float64 // the table's and the chart's
 	if c.cfg.Decisions != nil {
-		d.Decisions, d.RateNote = c.decisionRows(c.cfg.Decisions(), c.cfg.Now())
+		totals = c.cfg.Decisions()
+		d.Decisions, d.RateNote = c.decisionRows(totals, c.cfg.Now())
 	}
 	if c.cfg.Stats != nil {
 		d.Stats = c.cfg.Stats(ctx)
@@ -123,7 +125,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Outbox = oc
 	}
 	if c.cfg.Trends != nil {
-		charts := c.cfg.Trends.charts(c.cfg.Now(), c.cfg.Decisions != nil, c.cfg.Outbox != nil)
+		charts := c.cfg.Trends.charts(c.cfg.Now(), totals, c.cfg.Decisions != nil, c.cfg.Outbox != nil)
 		d.Charts, d.TrendsLink = &charts, c.cfg.Prefix+"/trends.json"
 	}
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Data: d})

@@ -138,26 +138,24 @@ type Minute struct {
 	OldestUnknownSeconds *float64 `json:"oldest_unknown_seconds,omitempty"`
 }
 
-// minutes returns the buckets as Minutes, oldest first.
-func (t *Trends) minutes() []Minute {
+// minutes returns the buckets as Minutes, oldest first. live, when not nil,
+// are the decision totals read now, after the last sample: the decisions
+// made since then count in now's minute, so the minutes add up to the
+// totals a page shows beside them.
+func (t *Trends) minutes(now time.Time, live map[string]float64) []Minute {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]Minute, 0, len(t.buckets))
+	out := make([]Minute, 0, len(t.buckets)+1)
+	var base map[string]float64
 	for i, b := range t.buckets {
-		m := Minute{At: b.minute, Decisions: make(map[string]float64, len(b.last))}
-		base := b.first
+		m := Minute{At: b.minute}
+		base = b.first
 		if i > 0 && b.minute.Sub(t.buckets[i-1].minute) == time.Minute {
 			// The previous minute's last totals: what happened between the
 			// two observations is counted in this minute.
 			base = t.buckets[i-1].last
 		}
-		for name, v := range b.last {
-			if d := v - base[name]; d > 0 {
-				m.Decisions[name] = d
-			} else {
-				m.Decisions[name] = 0
-			}
-		}
+		m.Decisions = decisionsSince(base, b.last)
 		g := b.gauges
 		if g.Outbox {
 			depth, dead := g.OutboxDepth, g.DeadLetters
@@ -169,7 +167,30 @@ func (t *Trends) minutes() []Minute {
 		}
 		out = append(out, m)
 	}
+	if live == nil {
+		return out
+	}
+	minute := now.UTC().Truncate(time.Minute)
+	n := len(t.buckets)
+	switch {
+	case n == 0: // no sample yet: the totals count from zero
+		out = append(out, Minute{At: minute, Decisions: decisionsSince(nil, live)})
+	case minute.Equal(t.buckets[n-1].minute): // sampled: it counts up to now
+		out[n-1].Decisions = decisionsSince(base, live)
+	case minute.After(t.buckets[n-1].minute):
+		out = append(out, Minute{At: minute, Decisions: decisionsSince(t.buckets[n-1].last, live)})
+	}
 	return out
+}
+
+// decisionsSince returns the decisions made between the totals base and
+// last, by decision (a total that went down counts 0).
+func decisionsSince(base, last map[string]float64) map[string]float64 {
+	d := make(map[string]float64, len(last))
+	for name, v := range last {
+		d[name] = max(v-base[name], 0)
+	}
+	return d
 }
 
 // rates returns the per-minute rate of each decision over the sliding
@@ -284,8 +305,8 @@ type chartData struct {
 // charts draws the last hour of t, ending with now's minute; while the
 // trends are younger than an hour (the process started less than an hour
 // ago), they span the trends' life instead, from their first minute.
-func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData {
-	ms := t.minutes()
+func (t *Trends) charts(now time.Time, live map[string]float64, withDecisions, withOutbox bool) chartData {
+	ms := t.minutes(now, live)
 	end := now.UTC().Truncate(time.Minute)
 	window := trendMinutes
 	spanText := "last hour"
@@ -369,9 +390,13 @@ func (c *console) trendsJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := c.cfg.Now()
-	out := trendsJSON{Now: now.UTC(), Minutes: c.cfg.Trends.minutes(), RatesPerMinute: map[string]float64{}}
+	var totals map[string]float64
 	if c.cfg.Decisions != nil {
-		rates, span := c.cfg.Trends.rates(now, c.cfg.Decisions())
+		totals = c.cfg.Decisions()
+	}
+	out := trendsJSON{Now: now.UTC(), Minutes: c.cfg.Trends.minutes(now, totals), RatesPerMinute: map[string]float64{}}
+	if c.cfg.Decisions != nil {
+		rates, span := c.cfg.Trends.rates(now, totals)
 		out.RateWindowSeconds = math.Round(span.Seconds())
 		for name, v := range rates {
 			out.RatesPerMinute[name] = math.Round(v*100) / 100

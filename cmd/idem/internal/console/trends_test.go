@@ -177,3 +177,35 @@ func TestYoungProcessChartsSpanItsLife(t *testing.T) {
 		t.Errorf("the table does not say 3180 created")
 	}
 }
+
+// Decisions made since the last sample are charted too: the overview and
+// trends.json read the totals the table shows, so a load run between two
+// samples (every 10 s) is not missing from the chart and its legend.
+func TestChartsCountDecisionsSinceTheLastSample(t *testing.T) {
+	t.Parallel()
+	trends := console.NewTrends()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC) // setup's clock
+	trends.Observe(now.Add(-65*time.Second), console.Sample{Decisions: map[string]float64{}})
+	totals := map[string]float64{"created": 3179, "replayed": 1}
+	b := setup(t, func(c *console.Config) {
+		c.Trends = trends
+		c.Decisions = func() map[string]float64 { return totals }
+	})
+	page := b.get(t, "/_idem/").Body.String()
+	chart := regexp.MustCompile(`(?s)<svg id="chart-decisions".*?</figure>`).FindString(page)
+	if !strings.Contains(chart, `created <b>3179</b>`) {
+		t.Errorf("the legend misses the decisions since the last sample:\n%s", chart)
+	}
+	var got struct {
+		Minutes []struct {
+			At        time.Time          `json:"at"`
+			Decisions map[string]float64 `json:"decisions"`
+		} `json:"minutes"`
+	}
+	if err := json.Unmarshal(b.get(t, "/_idem/trends.json").Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got.Minutes); n != 2 || !got.Minutes[1].At.Equal(now) || got.Minutes[1].Decisions["created"] != 3179 {
+		t.Errorf("trends.json minutes %+v, want 11:58 (sampled) and 12:00 with 3179 created", got.Minutes)
+	}
+}
