@@ -248,7 +248,6 @@ func TestKeyReused(t *testing.T) {
 		code    string
 	}{
 		{idem.ProfileIETF, 422, "key-reused"},
-		{idem.ProfileStripe, 400, "key-reused"},
 		{idem.ProfileAppstrate, 409, "conflict"},
 	} {
 		t.Run(string(tc.profile), func(t *testing.T) {

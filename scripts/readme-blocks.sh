@@ -46,6 +46,7 @@ mkdir -p "$clone"
 (cd "$repo" && git ls-files -z --cached --others --exclude-standard) |
 	(cd "$repo" && xargs -0 cp --parents -t "$clone" 2>/dev/null || true)
 rm -f "$clone"/*.db "$clone"/*.db-wal "$clone"/*.db-shm
+(cd "$clone" && find . -type f | sort) >"$work/files-before"
 
 # The session script: the blocks in order.
 session=$work/session.sh
@@ -102,6 +103,24 @@ if [[ $code -ne 0 ]]; then
 	exit 1
 fi
 
+# The teardown block stopped everything the session started: no port is
+# served any more (the cleanup would kill what is left, hiding a teardown
+# that forgot something).
+for port in "${ports[@]}"; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+		echo "readme-blocks: 127.0.0.1:$port is still served after the session: its teardown missed a server" >&2
+		exit 1
+	fi
+done
+# Every file the session made is in .gitignore: a clone stays clean.
+(cd "$clone" && find . -type f | sort) >"$work/files-after"
+while read -r f; do
+	if ! git -C "$repo" check-ignore -q --no-index -- "${f#./}"; then
+		echo "readme-blocks: the session made ${f#./}, which .gitignore does not name" >&2
+		exit 1
+	fi
+done < <(comm -13 "$work/files-before" "$work/files-after")
+
 # What a reader is told to expect.
 fail=0
 expect() { # description, fixed text
@@ -118,6 +137,25 @@ expect "migrate status lists the payments set" "payments (payments_migrations)"
 expect "the proxy's demo upstream echoes the request" '"body":{"amount_cents":500}'
 expect "the proxy refuses another body with the same key" "key-reused"
 expect "trends.json answers" '"minutes": ['
+# The first session's ledger (its first JSON array of charges) holds the
+# one charge of order-1001: the session has a database of its own.
+ledger=$(grep -m1 '^\[{"seq":' "$out" || true)
+if [[ $(grep -o '"idempotency_key"' <<<"$ledger" | wc -l) -ne 1 ]]; then
+	echo "readme-blocks: want one charge in the first session's ledger, got: ${ledger:-nothing}" >&2
+	fail=1
+fi
+# `idem keys list --key order-1001` finds the payment's record after the
+# load's newer keys.
+if ! grep -Eq '^shop +POST /v1/payments +order-1001 +completed +1 ' "$out"; then
+	echo "readme-blocks: idem keys list --key order-1001 did not list the completed record" >&2
+	fail=1
+fi
+# The background servers log to files: the load run's requests do not reach
+# the terminal (they made thousands of INFO lines).
+if [[ $(grep -c 'level=INFO' "$out") -gt 50 ]]; then
+	echo "readme-blocks: $(grep -c 'level=INFO' "$out") INFO log lines in the session's output: a background server logs to the terminal" >&2
+	fail=1
+fi
 if [[ $(grep -c "Idempotent-Replayed: true" "$out") -lt 3 ]]; then
 	echo "readme-blocks: want a replay from the demo, the payments retry and the proxy retry" >&2
 	fail=1

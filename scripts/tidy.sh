@@ -21,6 +21,9 @@ while read -r path dir; do
 		cd "$dir"
 		go mod edit "${adds[@]}"
 		GOWORK=off GOFLAGS=-mod=mod go mod tidy
+		# A module tidy adds for the first time comes at the zero
+		# pseudo-version of a replaced module: require the release instead.
+		sed -i 's|^\(\s*github.com/idem-dev/idem[^ ]*\) v0\.0\.0-00010101000000-000000000000|\1 v0.1.0|' go.mod
 		drops=()
 		while read -r p _; do
 			[ "$p" = "$path" ] && continue

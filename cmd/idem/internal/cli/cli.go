@@ -116,7 +116,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return ExitOK
 	case errors.As(err, &uerr):
-		fmt.Fprintf(e.stderr, "idem %s: %v\nRun 'idem %s -h' for usage.\n", cmd.name, err, cmd.name)
+		fmt.Fprintf(e.stderr, "idem %s: %v\nRun 'idem %s --help' for usage.\n", cmd.name, err, cmd.name)
 		return ExitUsage
 	default:
 		fmt.Fprintf(e.stderr, "idem %s: %v\n", cmd.name, err)
@@ -129,7 +129,7 @@ func printCommands(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'idem COMMAND -h' for a command's flags.\n")
+	fmt.Fprint(w, "\nRun 'idem COMMAND --help' for a command's flags.\n")
 }
 
 // usageError is an invalid command line or environment: ExitUsage.

@@ -99,9 +99,19 @@ func TestRun(t *testing.T) {
 		{name: "unknown command", args: []string{"nope"}, wantCode: ExitUsage, wantStderr: `idem: unknown command "nope"`},
 		{name: "proxy -h", args: []string{"proxy", "-h"}, wantCode: ExitOK, wantStdout: "--scope-header NAME  (IDEM_SCOPE_HEADER)"},
 		{name: "proxy --help", args: []string{"proxy", "--help"}, wantCode: ExitOK, wantStdout: "Usage: idem proxy --upstream URL [flags]"},
-		{name: "proxy without upstream", args: []string{"proxy"}, wantCode: ExitUsage, wantStderr: "idem proxy: --upstream (or IDEM_UPSTREAM) is required\nRun 'idem proxy -h' for usage."},
-		{name: "proxy unknown flag", args: []string{"proxy", "--nope"}, wantCode: ExitUsage, wantStderr: "flag provided but not defined: -nope"},
-		{name: "proxy bad flag value", args: []string{"proxy", "--upstream", "http://u", "--ttl", "soon"}, wantCode: ExitUsage, wantStderr: `invalid value "soon" for flag -ttl`},
+		{name: "proxy without upstream", args: []string{"proxy"}, wantCode: ExitUsage, wantStderr: "idem proxy: --upstream (or IDEM_UPSTREAM) is required\nRun 'idem proxy --help' for usage."},
+		{name: "proxy unknown flag", args: []string{"proxy", "--nope"}, wantCode: ExitUsage, wantStderr: "idem proxy: unknown flag --nope\nRun"},
+		{name: "proxy mistyped flag", args: []string{"proxy", "--upstrem", "http://u"}, wantCode: ExitUsage,
+			wantStderr: "idem proxy: unknown flag --upstrem; did you mean --upstream?\nRun 'idem proxy --help' for usage."},
+		{name: "proxy mistyped flag, one dash", args: []string{"proxy", "-upstrem=http://u"}, wantCode: ExitUsage,
+			wantStderr: "unknown flag --upstrem; did you mean --upstream?"},
+		{name: "proxy mistyped flag, transposed", args: []string{"proxy", "--upstream", "http://u", "--scope-haeder", "X"}, wantCode: ExitUsage,
+			wantStderr: "unknown flag --scope-haeder; did you mean --scope-header?"},
+		{name: "keys list mistyped flag", args: []string{"keys", "list", "--limt", "5"}, wantCode: ExitUsage,
+			wantStderr: "unknown flag --limt; did you mean --limit?"},
+		{name: "proxy flag without its value", args: []string{"proxy", "--upstream"}, wantCode: ExitUsage, wantStderr: "idem proxy: flag --upstream needs a value\n"},
+		{name: "proxy bad flag value", args: []string{"proxy", "--upstream", "http://u", "--ttl", "soon"}, wantCode: ExitUsage, wantStderr: `invalid value "soon" for --ttl`},
+		{name: "proxy bad boolean", args: []string{"proxy", "--upstream", "http://u", "--require-key=maybe"}, wantCode: ExitUsage, wantStderr: `invalid value "maybe" for --require-key`},
 		{name: "proxy bad env value", args: []string{"proxy"}, env: map[string]string{"IDEM_UPSTREAM": "http://u", "IDEM_TTL": "soon"}, wantCode: ExitUsage, wantStderr: `invalid value "soon" for IDEM_TTL`},
 		{name: "proxy -h scoped variable", args: []string{"proxy", "-h"}, wantCode: ExitOK, wantStdout: "--listen ADDR  (IDEM_PROXY_LISTEN)"},
 		{name: "load -h scoped variables", args: []string{"load", "-h"}, wantCode: ExitOK, wantStdout: "--body JSON  (IDEM_LOAD_BODY)"},
@@ -151,6 +161,25 @@ func TestEveryCommandHasHelp(t *testing.T) {
 			if !strings.Contains(e.stdout.String(), "Usage: idem "+c.name) {
 				t.Errorf("idem %s printed %q, want its usage", strings.Join(args, " "), e.stdout)
 			}
+		}
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0}, {"", "abc", 3}, {"upstream", "upstream", 0},
+		{"upstrem", "upstream", 1}, {"limt", "limit", 1}, {"scope-haeder", "scope-header", 1},
+		{"lsiten", "listen", 1}, {"stroe", "store", 1}, {"ttl", "wait", 4}, {"nope", "lease", 4},
+	} {
+		if got := editDistance(tt.a, tt.b); got != tt.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
+		}
+		if got := editDistance(tt.b, tt.a); got != tt.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.b, tt.a, got, tt.want)
 		}
 	}
 }

@@ -168,10 +168,66 @@ func (fs *flagSet) parseRedacted(args []string) error {
 		}
 	})
 	err := fs.Parse(args)
-	if err != nil && failed != nil {
-		return fmt.Errorf("invalid value %s for flag -%s: %v", shown(failed.value, failed.s), failed.name, failed.err)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return err
+	case failed != nil:
+		return fmt.Errorf("invalid value %s for --%s: %v", shown(failed.value, failed.s), failed.name, failed.err)
+	}
+	// The flag package names flags with one dash, as Go's own tools take
+	// them; idem's help and README spell them with two.
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		if near := fs.nearest(name); near != "" {
+			return fmt.Errorf("unknown flag --%s; did you mean --%s?", name, near)
+		}
+		return fmt.Errorf("unknown flag --%s", name)
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return fmt.Errorf("flag --%s needs a value", name)
 	}
 	return err
+}
+
+// nearest returns the flag of fs whose name is closest to name, when it is
+// close enough to be what was meant (one edit in a name of 3 or more
+// characters, two in one of 6 or more); "" otherwise.
+func (fs *flagSet) nearest(name string) string {
+	best, bestDist := "", 3
+	fs.VisitAll(func(f *flag.Flag) { // in lexical order: ties go to the first
+		if d := editDistance(name, f.Name); d < bestDist && d*3 <= len(name) {
+			best, bestDist = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// the insertions, deletions, substitutions and transpositions of adjacent
+// bytes that turn a into b.
+func editDistance(a, b string) int {
+	// d[i][j] is the distance between a[:i] and b[:j].
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // setFailure is the first value a flag refused during parseRedacted.

@@ -52,7 +52,7 @@ func printKeysUsage(w io.Writer) {
 	for _, c := range keysCommands {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND -h' for its flags.\n")
+	fmt.Fprint(w, "\nRun 'idem keys SUBCOMMAND --help' for its flags.\n")
 }
 
 func runKeys(ctx context.Context, e *env, args []string) error {
@@ -165,6 +165,8 @@ type keysListOptions struct {
 	state     idemstore.State
 	scope     string
 	endpoint  string
+	key       string
+	prefix    string
 	olderThan time.Duration
 	limit     int
 	json      bool
@@ -174,22 +176,45 @@ func parseKeysList(args []string, e *env) (*keysListOptions, error) {
 	o := &keysListOptions{store: storeurl.Default, limit: 100}
 	var sf scopeFlags
 	fs := newFlagSet("keys list", "idem keys list [flags]",
-		"Lists records in (tenant, endpoint, key) order as a table (tenant, endpoint,\n"+
-			"key, state, attempts, age, time to expiry) or, with --json, one JSON object a line.")
+		"Lists records newest first as a table (tenant, endpoint, key, state,\n"+
+			"attempts, age, time to expiry) or, with --json, one JSON object a line.\n"+
+			"To sort them it reads every record that matches the filters: on a large\n"+
+			"store, narrow them (--key, --prefix, --tenant, --endpoint, --state).")
 	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
 	fs.Var(stateValue{&o.state}, "state", "only records in `STATE`: in_progress, completed, released or unknown")
 	sf.register(fs)
 	fs.StringVar(&o.endpoint, "endpoint", "", "only records of `ENDPOINT`, e.g. \"POST /v1/payments\"")
+	fs.StringVar(&o.key, "key", "", "only records whose Idempotency-Key is `KEY` (in any tenant and endpoint)")
+	fs.StringVar(&o.prefix, "prefix", "", "only records whose Idempotency-Key starts with `PREFIX`")
 	fs.Var(durationValue{p: &o.olderThan}, "older-than", "only records created more than `DURATION` ago")
 	fs.Var(countValue{&o.limit}, "limit", "print at most `N` records; 0 prints all")
 	fs.BoolVar(&o.json, "json", false, "print JSON lines instead of a table")
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
+	if o.key != "" && o.prefix != "" {
+		return nil, usageErrorf("give --key or --prefix, not both")
+	}
 	var err error
 	o.scope, err = sf.resolve()
 	return o, err
 }
+
+// matches reports whether rec passes the key filters, which the store does
+// not apply.
+func (o *keysListOptions) matches(rec *idemstore.Record) bool {
+	switch {
+	case o.key != "":
+		return rec.Key == o.key
+	case o.prefix != "":
+		return strings.HasPrefix(rec.Key, o.prefix)
+	}
+	return true
+}
+
+// newestFirst orders records by creation, newest first; records created at
+// the same instant keep the store's (tenant, endpoint, key) order.
+func newestFirst(a, b *idemstore.Record) int { return b.CreatedAt.Compare(a.CreatedAt) }
 
 // listPage is the page size of `idem keys list`.
 const listPage = 500
@@ -210,27 +235,34 @@ func runKeysList(ctx context.Context, e *env, args []string, open storeOpener) (
 	if o.olderThan > 0 {
 		p.CreatedBefore = now.Add(-o.olderThan)
 	}
+	// The store lists records by identity: every matching one is read, and
+	// the newest --limit of them kept (memory bounded by the limit).
 	var recs []*idemstore.Record
-	more := false
+	matched := 0
 	for {
 		p.Limit = listPage
-		if o.limit > 0 {
-			// One more than wanted tells whether the list was cut.
-			p.Limit = min(listPage, o.limit+1-len(recs))
-		}
 		page, err := store.KeyList(ctx, p)
 		if err != nil {
 			return fmt.Errorf("listing records: %w", err)
 		}
-		recs = append(recs, page...)
-		if o.limit > 0 && len(recs) > o.limit {
-			recs, more = recs[:o.limit], true
-			break
+		for _, rec := range page {
+			if o.matches(rec) {
+				recs = append(recs, rec)
+				matched++
+			}
+		}
+		if o.limit > 0 && len(recs) >= 2*o.limit+listPage {
+			slices.SortStableFunc(recs, newestFirst)
+			recs = slices.Clip(recs[:o.limit])
 		}
 		if len(page) < p.Limit {
 			break
 		}
 		p.After = &page[len(page)-1].Identity
+	}
+	slices.SortStableFunc(recs, newestFirst)
+	if o.limit > 0 && len(recs) > o.limit {
+		recs = recs[:o.limit]
 	}
 
 	if o.json {
@@ -243,8 +275,8 @@ func runKeysList(ctx context.Context, e *env, args []string, open storeOpener) (
 	} else {
 		printRecords(e.stdout, recs, now)
 	}
-	if more {
-		fmt.Fprintf(e.stderr, "More records match: raise --limit (now %d) or narrow the filters.\n", o.limit)
+	if more := matched - len(recs); more > 0 {
+		fmt.Fprintf(e.stderr, "%d more records match: raise --limit (now %d) or narrow the filters.\n", more, o.limit)
 	}
 	if span := spanNote(ctx, store); span != "" {
 		fmt.Fprintf(e.stderr, "Listed the records of %s.\n", span)

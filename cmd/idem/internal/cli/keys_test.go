@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -56,6 +58,9 @@ func TestParseKeysList(t *testing.T) {
 		{name: "tenant header value from the variable", env: map[string]string{"IDEM_TENANT_HEADER_VALUE": "Bearer t-1"},
 			want: func(o *keysListOptions) { o.scope = scopeOf("Bearer t-1") }},
 
+		{name: "key", args: []string{"--key", "order-1001"}, want: func(o *keysListOptions) { o.key = "order-1001" }},
+		{name: "prefix from the variable", env: map[string]string{"IDEM_PREFIX": "order-"}, want: func(o *keysListOptions) { o.prefix = "order-" }},
+		{name: "key and prefix", args: []string{"--key", "a", "--prefix", "b"}, wantErr: "give --key or --prefix, not both"},
 		{name: "tenant twice", args: []string{"--tenant", "a", "--tenant-header-value", "b"}, wantErr: "not both"},
 		{name: "bad state", args: []string{"--state", "done"}, wantErr: "want in_progress, completed, released or unknown"},
 		{name: "bad state variable", env: map[string]string{"IDEM_STATE": "done"}, wantErr: `invalid value "done" for IDEM_STATE`},
@@ -183,7 +188,7 @@ func TestKeysUsage(t *testing.T) {
 		{[]string{"keys", "list", "-h"}, ExitOK, "--tenant-header-value VALUE  (IDEM_TENANT_HEADER_VALUE)", ""},
 		{[]string{"keys", "resolve", "--help"}, ExitOK, "Usage: idem keys resolve --endpoint ENDPOINT", ""},
 		{[]string{"keys", "purge", "-h"}, ExitOK, "--key KEY  (IDEM_KEY)", ""},
-		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys -h' for usage."},
+		{[]string{"keys", "show", "--endpoint", "POST /x"}, ExitUsage, "", "idem keys: want the KEY\nRun 'idem keys --help' for usage."},
 		{[]string{"keys", "list", "--store", "sqlite:" + filepath.Join(t.TempDir(), "typo.db")}, ExitError, "", "idem keys: opening the store: store sqlite:"},
 	}
 	for _, tt := range tests {
@@ -406,7 +411,7 @@ func testKeysList(t *testing.T, b *keysBackend, acme string) {
 		t.Errorf("list --older-than 1ns printed %q", out)
 	}
 	code, out, stderr := b.keys(t, nil, "list", "--limit", "2")
-	if code != ExitOK || strings.Count(out, "\n") != 3 || !strings.Contains(stderr, "More records match: raise --limit (now 2)") {
+	if code != ExitOK || strings.Count(out, "\n") != 3 || !strings.Contains(stderr, "3 more records match: raise --limit (now 2)") {
 		t.Errorf("list --limit 2: exit %d\n%s\nstderr %s", code, out, stderr)
 	}
 	code, out, stderr = b.keys(t, nil, "list", "--limit", "5")
@@ -430,6 +435,7 @@ func testKeysList(t *testing.T, b *keysBackend, acme string) {
 		}
 		states = append(states, j.Key+"="+string(j.State))
 	}
+	slices.Sort(states) // newest first: seeded within a clock tick of each other
 	want := []string{"k-completed=completed", "k-progress=in_progress", "k-released=released", "k-unknown=unknown"}
 	if !reflect.DeepEqual(states, want) {
 		t.Errorf("list --json records = %v, want %v", states, want)
@@ -677,5 +683,65 @@ func TestKeysResolveIsFenced(t *testing.T) {
 				t.Errorf("record = %+v, %v; want the second attempt's unknown record untouched", rec, err)
 			}
 		})
+	}
+}
+
+// `idem keys list` prints the newest records first, whatever order the
+// store lists them in, and finds a key by --key or --prefix among any
+// number of newer ones: after a load run, `--key order-1001` still finds
+// the payment made before it.
+func TestKeysListNewestFirstAndByKey(t *testing.T) {
+	t.Parallel()
+	clock := idemtest.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	s := idemmem.New(&idemmem.Config{Now: clock.Now})
+	open := sharedOpener(s)
+	seedAt := func(scope, key string) {
+		seed(t, s, idemstore.Identity{Scope: scope, Endpoint: payments, Key: key}, idemstore.StateCompleted, 24*time.Hour)
+		clock.Advance(time.Second)
+	}
+	seedAt("shop", "order-1001") // the oldest
+	for i := range 1200 {        // more than a page of the store (listPage)
+		seedAt("shop", fmt.Sprintf("load-%04d", i))
+	}
+	seedAt("acme", "order-1002") // the newest; "acme" lists first by identity
+	keysOf := func(args ...string) []string {
+		t.Helper()
+		code, stdout, stderr := runKeysIn(t, open, nil, append([]string{"list", "--store", "memory:", "--json"}, args...)...)
+		if code != ExitOK {
+			t.Fatalf("idem keys list %v: exit %d: %s", args, code, stderr)
+		}
+		var keys []string
+		for line := range strings.Lines(stdout) {
+			var j jsonRecord
+			if err := json.Unmarshal([]byte(line), &j); err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			keys = append(keys, j.Key)
+		}
+		return keys
+	}
+	if got, want := keysOf("--limit", "3"), []string{"order-1002", "load-1199", "load-1198"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("--limit 3 = %v, want the newest three %v", got, want)
+	}
+	if got, want := keysOf("--key", "order-1001"), []string{"order-1001"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("--key order-1001 = %v, want %v", got, want)
+	}
+	if got, want := keysOf("--prefix", "order-"), []string{"order-1002", "order-1001"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("--prefix order- = %v, want %v", got, want)
+	}
+	if got := keysOf("--key", "order-"); len(got) != 0 {
+		t.Errorf("--key matches whole keys only: --key order- = %v", got)
+	}
+	if got := keysOf("--prefix", "load-", "--limit", "0"); len(got) != 1200 || got[0] != "load-1199" || got[1199] != "load-0000" {
+		t.Errorf("--prefix load- --limit 0: %d keys, first %v", len(got), got[:min(2, len(got))])
+	}
+	// The table too, with the hint that more match.
+	code, stdout, stderr := runKeysIn(t, open, nil, "list", "--store", "memory:", "--prefix", "load-", "--limit", "2")
+	rows := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != ExitOK || len(rows) != 3 || !strings.Contains(rows[1], "load-1199") || !strings.Contains(rows[2], "load-1198") {
+		t.Errorf("table --prefix load- --limit 2: exit %d\n%s", code, stdout)
+	}
+	if !strings.Contains(stderr, "1198 more records match") {
+		t.Errorf("stderr %q, want the count of the records not shown", stderr)
 	}
 }

@@ -100,7 +100,7 @@ func TestParseMigrate(t *testing.T) {
 		{name: "two actions", args: []string{"up", "down"}, wantErr: `unexpected argument "down"`},
 		{name: "bad store", args: []string{"up", "--store", "./idem.db"}, wantErr: "want sqlite:PATH"},
 		{name: "bad variable", args: []string{"up"}, env: map[string]string{"IDEM_STORE": "x"}, wantErr: `invalid value "x" for IDEM_STORE`},
-		{name: "unknown flag", args: []string{"up", "--force"}, wantErr: "flag provided but not defined: -force"},
+		{name: "unknown flag", args: []string{"up", "--force"}, wantErr: "unknown flag --force"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

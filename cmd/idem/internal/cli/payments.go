@@ -231,20 +231,25 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	tokens := o.tokens
 	demo := tokens == nil
 
+	// The in-process provider's address is taken first, for the service's
+	// configuration; the provider opens its ledger after the service opened
+	// its store, so a store that cannot be opened is reported by the URL
+	// the user gave, not by the ledger's derived from it.
 	providerURL := ""
+	var providerLn net.Listener
 	if o.providerURL != nil {
 		providerURL = o.providerURL.String()
 	} else {
-		prov, err := provider.Listen(o.providerListen, &provider.Config{Store: o.providerStore, Faults: o.faults, Logger: e.logger})
+		providerLn, err = net.Listen("tcp", o.providerListen)
 		if err != nil {
 			return fmt.Errorf("starting the provider: %w", err)
 		}
 		defer func() {
-			if cerr := prov.Close(); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("closing the provider: %w", cerr))
+			if providerLn != nil { // not served
+				providerLn.Close()
 			}
 		}()
-		providerURL = prov.URL()
+		providerURL = "http://" + providerLn.Addr().String()
 	}
 
 	keyring, err := o.keyring.load(e)
@@ -284,6 +289,21 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	svc, err := paysvc.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("opening the service: %w", err)
+	}
+	if providerLn != nil {
+		ln := providerLn
+		providerLn = nil // Serve closes it on failure
+		prov, err := provider.Serve(ln, &provider.Config{Store: o.providerStore, Faults: o.faults, Logger: e.logger})
+		if err != nil {
+			return errors.Join(fmt.Errorf("starting the provider: %w", err), svc.Close())
+		}
+		// Deferred before the service's Close, so it runs after it: the
+		// relays finish the charge in flight against a live provider.
+		defer func() {
+			if cerr := prov.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("closing the provider: %w", cerr))
+			}
+		}()
 	}
 	if demo {
 		tokens = map[string]string{demoTenant: svc.DemoToken()}

@@ -516,3 +516,35 @@ func TestPaymentsDemoTokenSurvivesRestart(t *testing.T) {
 		t.Errorf("the restart ran the demo again:\n%s", e2.stdout)
 	}
 }
+
+// A store that cannot be opened is reported by the URL the user gave: the
+// service's store comes first, before the in-process provider's ledger
+// derived from it (a schema or a file the user never typed), and the dial
+// failure is said once.
+func TestPaymentsStoreErrorNamesTheGivenURL(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := filepath.Join(t.TempDir(), "missing")
+	for _, tt := range []struct{ store, want, derived string }{
+		{"postgres://pay:secret@" + addr + "/shop", "idem payments: opening the service: store postgres://pay:xxxxx@" + addr + "/shop: ", "idem_provider"},
+		{"sqlite:" + filepath.Join(dir, "idem.db"), "idem payments: opening the service: ", "idem-provider.db"},
+	} {
+		e := newTestEnv(nil)
+		code := run(t.Context(), []string{"payments", "--listen", "127.0.0.1:0", "--provider-listen", "127.0.0.1:0", "--store", tt.store}, e.env)
+		got := e.stderr.String()
+		if code != ExitError || !strings.HasPrefix(got, tt.want) {
+			t.Errorf("%s: exit %d, stderr %q, want %d and a message starting %q", tt.store, code, got, ExitError, tt.want)
+		}
+		if strings.Contains(got, tt.derived) {
+			t.Errorf("%s: the error leads with the provider's store %s:\n%s", tt.store, tt.derived, got)
+		}
+		if strings.Count(got, "connection refused") > 1 {
+			t.Errorf("%s: the dial failure is said more than once:\n%s", tt.store, got)
+		}
+	}
+}

@@ -343,7 +343,8 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	cfg.Metrics = opsHandler.Metrics
 	cfg.Keyring = keyring
 	cfg.EncryptionRequired = o.keyring.required
-	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger})
+	upstream := proxy.New(o.upstream, &proxy.Config{ProblemTypeBase: o.problemBase, Logger: e.logger,
+		StripeErrors: o.profile == string(idem.ProfileStripe)})
 	defer upstream.CloseIdleConnections()
 	e.logger.Info("listening",
 		"addr", ln.Addr().String(),

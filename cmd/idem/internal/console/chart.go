@@ -20,6 +20,9 @@ type series struct {
 	Name   string
 	Color  string
 	Values []float64
+	// Sum makes the legend give the sum of the values (counts per minute:
+	// the count over the chart's span) rather than the last one (gauges).
+	Sum bool
 }
 
 // Chart geometry, in SVG user units.
@@ -79,9 +82,13 @@ func lineChart(id, label string, end time.Time, ss []series) template.HTML {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e3e6ea" stroke-width="1"/>`, chartLeft, y, chartW-chartRight, y)
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" font-size="11" fill="#667085" text-anchor="end">%s</text>`, chartLeft-6, y+4, formatTick(top*f))
 	}
-	// X axis: the hour's start, middle and end.
+	// X axis: the span's start, middle and end.
 	span := max(n-1, 1)
-	for _, i := range []int{0, span / 2, span} {
+	ticks := []int{0, span / 2, span}
+	if span < 2 {
+		ticks = []int{0, span}
+	}
+	for _, i := range ticks {
 		x := float64(chartLeft) + float64(chartPlotW)*float64(i)/float64(span)
 		t := end.Add(-time.Duration(span-i) * time.Minute).UTC().Format("15:04")
 		anchor := "middle"
@@ -120,7 +127,18 @@ func lineChart(id, label string, end time.Time, ss []series) template.HTML {
 	b.WriteString(`</svg><figcaption class="legend">`)
 	for _, s := range ss {
 		last := "—"
-		for i := len(s.Values) - 1; i >= 0; i-- {
+		if s.Sum {
+			sum, seen := 0.0, false
+			for _, v := range s.Values {
+				if !math.IsNaN(v) {
+					sum, seen = sum+v, true
+				}
+			}
+			if seen {
+				last = formatTick(math.Round(sum*10) / 10)
+			}
+		}
+		for i := len(s.Values) - 1; i >= 0 && !s.Sum; i-- {
 			if !math.IsNaN(s.Values[i]) {
 				last = formatTick(math.Round(s.Values[i]*10) / 10)
 				break

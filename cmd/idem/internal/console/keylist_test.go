@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
@@ -130,5 +131,39 @@ func TestKeyListShowsRecordsUnderAMissingKey(t *testing.T) {
 	}
 	if strings.Contains(page.Body.String(), "store is unavailable") {
 		t.Fatalf("the key list reports a failure:\n%s", page.Body)
+	}
+}
+
+// The key list finds a key by what it starts with, among any number of
+// newer records, and keeps the search across pages and filters.
+func TestKeyListSearchByKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *console.Config) { c.PageSize = 2; c.CountLimit = 100 })
+	completed(t, b.store, idemstore.Identity{Endpoint: "POST /v1/payments", Key: "order-1001"}, &idemstore.Response{Status: 201})
+	b.clock.Advance(time.Minute)
+	for i := range 250 { // more than CountLimit newer records
+		completed(t, b.store, idemstore.Identity{Endpoint: "POST /v1/payments", Key: fmt.Sprintf("load-%03d", i)}, &idemstore.Response{Status: 201})
+	}
+	b.clock.Advance(time.Minute)
+	completed(t, b.store, idemstore.Identity{Endpoint: "POST /v1/payments", Key: "order-1002"}, &idemstore.Response{Status: 201})
+
+	page := b.get(t, "/_idem/keys?key=order-1001").Body.String()
+	if got := strings.Join(keysOn(page), ","); got != "order-1001" {
+		t.Errorf("key=order-1001 lists %q, want order-1001", got)
+	}
+	if !strings.Contains(page, `name="key" value="order-1001"`) {
+		t.Errorf("the filter form does not show the key searched for")
+	}
+	page = b.get(t, "/_idem/keys?key=order-").Body.String()
+	if got := strings.Join(keysOn(page), ","); got != "order-1002,order-1001" {
+		t.Errorf("key=order- lists %q, want order-1002,order-1001 (newest first)", got)
+	}
+	page = b.get(t, "/_idem/keys?key=load-&state=completed").Body.String()
+	next := regexp.MustCompile(`<a href="([^"]*)" rel="next">`).FindStringSubmatch(page)
+	if next == nil || !strings.Contains(next[1], "key=load-") || !strings.Contains(next[1], "state=completed") {
+		t.Errorf("the next page link loses the search: %v", next)
+	}
+	if page := b.get(t, "/_idem/keys?key=nothing-").Body.String(); !strings.Contains(page, "No records match the filter.") {
+		t.Errorf("a search without a match is not said")
 	}
 }

@@ -106,8 +106,10 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Masters = masters
 	}
+	var totals map[string]float64 // the table's and the chart's
 	if c.cfg.Decisions != nil {
-		d.Decisions, d.RateNote = c.decisionRows(c.cfg.Decisions(), c.cfg.Now())
+		totals = c.cfg.Decisions()
+		d.Decisions, d.RateNote = c.decisionRows(totals, c.cfg.Now())
 	}
 	if c.cfg.Stats != nil {
 		d.Stats = c.cfg.Stats(ctx)
@@ -123,7 +125,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Outbox = oc
 	}
 	if c.cfg.Trends != nil {
-		charts := c.cfg.Trends.charts(c.cfg.Now(), c.cfg.Decisions != nil, c.cfg.Outbox != nil)
+		charts := c.cfg.Trends.charts(c.cfg.Now(), totals, c.cfg.Decisions != nil, c.cfg.Outbox != nil)
 		d.Charts, d.TrendsLink = &charts, c.cfg.Prefix+"/trends.json"
 	}
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Data: d})
@@ -207,6 +209,7 @@ type keysData struct {
 	Filter   bool
 	State    string
 	Endpoint string
+	Key      string // the start of the keys searched for
 	States   []string
 	Rows     []keyRow
 	Empty    string
@@ -229,12 +232,12 @@ func (c *console) unknownQueue(w http.ResponseWriter, r *http.Request) {
 }
 
 // keyList lists records newest first, optionally of one state and one
-// endpoint, a page at a time. The store lists records by identity, so the
-// page sorts the matching records it scans (at most CountLimit) by
-// creation time.
+// endpoint, and whose key starts with a search text, a page at a time. The
+// store lists records by identity, so the page sorts the matching records
+// it scans (at most CountLimit) by creation time.
 func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	state, endpoint := q.Get("state"), q.Get("endpoint")
+	state, endpoint, key := q.Get("state"), q.Get("endpoint"), q.Get("key")
 	if state != "" && !idemstore.State(state).Valid() {
 		c.renderError(w, r, http.StatusBadRequest, "Bad request", "There is no such state.")
 		return
@@ -248,8 +251,8 @@ func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
 		}
 		pageNo = n
 	}
-	d := keysData{Filter: true, State: state, Endpoint: endpoint, Empty: "No records."}
-	if state != "" || endpoint != "" {
+	d := keysData{Filter: true, State: state, Endpoint: endpoint, Key: key, Empty: "No records."}
+	if state != "" || endpoint != "" || key != "" {
 		d.Empty = "No records match the filter."
 	}
 	for _, s := range states {
@@ -257,7 +260,7 @@ func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
 	defer cancel()
-	recs, truncated, err := c.scanRecords(ctx, idemstore.State(state), endpoint)
+	recs, truncated, err := c.scanRecords(ctx, idemstore.State(state), endpoint, key)
 	if err != nil {
 		c.cfg.Logger.Error("idem console: listing records failed", slog.Any("error", err))
 		d.Err = "The store is unavailable: " + errorClass(err)
@@ -273,6 +276,9 @@ func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
 		}
 		if endpoint != "" {
 			v.Set("endpoint", endpoint)
+		}
+		if key != "" {
+			v.Set("key", key)
 		}
 		v.Set("page", strconv.Itoa(n))
 		return c.cfg.Prefix + "/keys?" + v.Encode()
@@ -295,16 +301,26 @@ func (c *console) keyList(w http.ResponseWriter, r *http.Request) {
 }
 
 // scanRecords lists the records in state (any when empty) on endpoint (any
-// when empty), at most CountLimit of them; truncated reports there are more.
-func (c *console) scanRecords(ctx context.Context, state idemstore.State, endpoint string) (recs []*idemstore.Record, truncated bool, err error) {
+// when empty) whose key starts with keyPrefix, at most CountLimit of them;
+// truncated reports there are more. The store does not filter by key: a
+// search reads the records a page at a time until CountLimit match, within
+// the page's store timeout.
+func (c *console) scanRecords(ctx context.Context, state idemstore.State, endpoint, keyPrefix string) (recs []*idemstore.Record, truncated bool, err error) {
 	var after *idemstore.Identity
 	for {
 		limit := min(1000, c.cfg.CountLimit+1-len(recs))
+		if keyPrefix != "" {
+			limit = 1000
+		}
 		page, err := c.cfg.Store.KeyList(ctx, &idemstore.ListParams{State: state, Endpoint: endpoint, After: after, Limit: limit})
 		if err != nil {
 			return recs, false, err
 		}
-		recs = append(recs, page...)
+		for _, rec := range page {
+			if strings.HasPrefix(rec.Key, keyPrefix) {
+				recs = append(recs, rec)
+			}
+		}
 		if len(recs) > c.cfg.CountLimit {
 			return recs[:c.cfg.CountLimit], true, nil
 		}

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"math"
@@ -60,6 +61,9 @@ type Trends struct {
 	mu      sync.Mutex
 	buckets []bucket      // oldest first, at most trendMinutes
 	recent  []observation // oldest first, within rateSpan of the newest (plus one)
+	// observed reports that Observe was called: the first bucket of all
+	// counts its decisions from zero (the totals are the process's).
+	observed bool
 }
 
 // NewTrends returns an empty Trends.
@@ -83,7 +87,15 @@ func (t *Trends) Observe(now time.Time, s Sample) {
 		b.last, b.gauges = s.Decisions, s
 		return
 	}
-	t.buckets = append(t.buckets, bucket{minute: minute, first: s.Decisions, last: s.Decisions, gauges: s})
+	first := s.Decisions
+	if !t.observed {
+		// The decision totals count from the process's start, which the
+		// first sample follows closely: what they hold already happened in
+		// this first minute (a start-up demo, a burst before the sampler).
+		first = nil
+	}
+	t.observed = true
+	t.buckets = append(t.buckets, bucket{minute: minute, first: first, last: s.Decisions, gauges: s})
 	for len(t.buckets) > 0 && minute.Sub(t.buckets[0].minute) >= trendMinutes*time.Minute {
 		t.buckets = t.buckets[1:]
 	}
@@ -126,26 +138,24 @@ type Minute struct {
 	OldestUnknownSeconds *float64 `json:"oldest_unknown_seconds,omitempty"`
 }
 
-// minutes returns the buckets as Minutes, oldest first.
-func (t *Trends) minutes() []Minute {
+// minutes returns the buckets as Minutes, oldest first. live, when not nil,
+// are the decision totals read now, after the last sample: the decisions
+// made since then count in now's minute, so the minutes add up to the
+// totals a page shows beside them.
+func (t *Trends) minutes(now time.Time, live map[string]float64) []Minute {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]Minute, 0, len(t.buckets))
+	out := make([]Minute, 0, len(t.buckets)+1)
+	var base map[string]float64
 	for i, b := range t.buckets {
-		m := Minute{At: b.minute, Decisions: make(map[string]float64, len(b.last))}
-		base := b.first
+		m := Minute{At: b.minute}
+		base = b.first
 		if i > 0 && b.minute.Sub(t.buckets[i-1].minute) == time.Minute {
 			// The previous minute's last totals: what happened between the
 			// two observations is counted in this minute.
 			base = t.buckets[i-1].last
 		}
-		for name, v := range b.last {
-			if d := v - base[name]; d > 0 {
-				m.Decisions[name] = d
-			} else {
-				m.Decisions[name] = 0
-			}
-		}
+		m.Decisions = decisionsSince(base, b.last)
 		g := b.gauges
 		if g.Outbox {
 			depth, dead := g.OutboxDepth, g.DeadLetters
@@ -157,7 +167,30 @@ func (t *Trends) minutes() []Minute {
 		}
 		out = append(out, m)
 	}
+	if live == nil {
+		return out
+	}
+	minute := now.UTC().Truncate(time.Minute)
+	n := len(t.buckets)
+	switch {
+	case n == 0: // no sample yet: the totals count from zero
+		out = append(out, Minute{At: minute, Decisions: decisionsSince(nil, live)})
+	case minute.Equal(t.buckets[n-1].minute): // sampled: it counts up to now
+		out[n-1].Decisions = decisionsSince(base, live)
+	case minute.After(t.buckets[n-1].minute):
+		out = append(out, Minute{At: minute, Decisions: decisionsSince(t.buckets[n-1].last, live)})
+	}
 	return out
+}
+
+// decisionsSince returns the decisions made between the totals base and
+// last, by decision (a total that went down counts 0).
+func decisionsSince(base, last map[string]float64) map[string]float64 {
+	d := make(map[string]float64, len(last))
+	for name, v := range last {
+		d[name] = max(v-base[name], 0)
+	}
+	return d
 }
 
 // rates returns the per-minute rate of each decision over the sliding
@@ -264,16 +297,28 @@ var decisionKinds = []struct {
 // chartData is what the overview shows of the trends.
 type chartData struct {
 	Decisions, Outbox, Unknown template.HTML
-	Minutes                    int // observed minutes
+	Minutes                    int    // observed minutes
+	Span                       int    // the minutes the charts span
+	SpanText                   string // "last hour", or "last N minutes (since this process started)"
 }
 
-// charts draws the last hour of t, ending with now's minute.
-func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData {
-	ms := t.minutes()
+// charts draws the last hour of t, ending with now's minute; while the
+// trends are younger than an hour (the process started less than an hour
+// ago), they span the trends' life instead, from their first minute.
+func (t *Trends) charts(now time.Time, live map[string]float64, withDecisions, withOutbox bool) chartData {
+	ms := t.minutes(now, live)
 	end := now.UTC().Truncate(time.Minute)
-	slot := func(at time.Time) int { return trendMinutes - 1 - int(end.Sub(at)/time.Minute) }
+	window := trendMinutes
+	spanText := "last hour"
+	if len(ms) > 0 {
+		if life := int(end.Sub(ms[0].At)/time.Minute) + 1; life < trendMinutes {
+			window = max(life, 2) // a line needs two minutes
+			spanText = fmt.Sprintf("last %d minutes (since this process started)", window)
+		}
+	}
+	slot := func(at time.Time) int { return window - 1 - int(end.Sub(at)/time.Minute) }
 	blank := func() []float64 {
-		v := make([]float64, trendMinutes)
+		v := make([]float64, window)
 		for i := range v {
 			v[i] = math.NaN()
 		}
@@ -286,7 +331,7 @@ func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData
 	depth, dead, backlog, oldest := blank(), blank(), blank(), blank()
 	for _, m := range ms {
 		i := slot(m.At)
-		if i < 0 || i >= trendMinutes {
+		if i < 0 || i >= window {
 			continue
 		}
 		for k, kind := range decisionKinds {
@@ -303,21 +348,23 @@ func (t *Trends) charts(now time.Time, withDecisions, withOutbox bool) chartData
 			backlog[i], oldest[i] = float64(*m.UnknownBacklog), *m.OldestUnknownSeconds/60
 		}
 	}
-	d := chartData{Minutes: len(ms)}
+	d := chartData{Minutes: len(ms), Span: window, SpanText: spanText}
 	if withDecisions {
 		ss := make([]series, len(decisionKinds))
 		for k, kind := range decisionKinds {
-			ss[k] = series{Name: kind.name, Color: kind.color, Values: kinds[k]}
+			// The legend sums the minutes: the decisions over the span,
+			// which the table's totals are while the process is young.
+			ss[k] = series{Name: kind.name, Color: kind.color, Values: kinds[k], Sum: true}
 		}
-		d.Decisions = lineChart("chart-decisions", "Decisions per minute by kind, last hour", end, ss)
+		d.Decisions = lineChart("chart-decisions", "Decisions per minute by kind, "+spanText, end, ss)
 	}
 	if withOutbox {
-		d.Outbox = lineChart("chart-outbox", "Outbox depth and dead letters, last hour", end, []series{
+		d.Outbox = lineChart("chart-outbox", "Outbox depth and dead letters, "+spanText, end, []series{
 			{Name: "pending", Color: "#2856c7", Values: depth},
 			{Name: "dead letters", Color: "#b42318", Values: dead},
 		})
 	}
-	d.Unknown = lineChart("chart-unknown", "Unknown backlog and the oldest unknown's age in minutes, last hour", end, []series{
+	d.Unknown = lineChart("chart-unknown", "Unknown backlog and the oldest unknown's age in minutes, "+spanText, end, []series{
 		{Name: "unknown records", Color: "#b54708", Values: backlog},
 		{Name: "oldest, minutes", Color: "#667085", Values: oldest},
 	})
@@ -343,9 +390,13 @@ func (c *console) trendsJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := c.cfg.Now()
-	out := trendsJSON{Now: now.UTC(), Minutes: c.cfg.Trends.minutes(), RatesPerMinute: map[string]float64{}}
+	var totals map[string]float64
 	if c.cfg.Decisions != nil {
-		rates, span := c.cfg.Trends.rates(now, c.cfg.Decisions())
+		totals = c.cfg.Decisions()
+	}
+	out := trendsJSON{Now: now.UTC(), Minutes: c.cfg.Trends.minutes(now, totals), RatesPerMinute: map[string]float64{}}
+	if c.cfg.Decisions != nil {
+		rates, span := c.cfg.Trends.rates(now, totals)
 		out.RateWindowSeconds = math.Round(span.Seconds())
 		for name, v := range rates {
 			out.RatesPerMinute[name] = math.Round(v*100) / 100

@@ -131,3 +131,81 @@ func TestCollect(t *testing.T) {
 		t.Errorf("sample %+v", s)
 	}
 }
+
+// A process younger than the charts' hour is charted over its own life, not
+// as a sliver at the right of an hour, and the decision legend gives the
+// decisions over the chart's span, which for a young process are the
+// table's totals since it started (the first minute counts what was
+// decided before the first sample, from zero).
+func TestYoungProcessChartsSpanItsLife(t *testing.T) {
+	t.Parallel()
+	trends := console.NewTrends()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC) // setup's clock
+	start := now.Add(-2*time.Minute - 50*time.Second)   // 11:57:10
+	totals := map[string]float64{"created": 1, "replayed": 1}
+	trends.Observe(start, console.Sample{Decisions: totals}) // the start-up demo came first
+	totals = map[string]float64{"created": 3180, "replayed": 1}
+	for _, at := range []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 2*time.Minute + 50*time.Second} {
+		trends.Observe(start.Add(at), console.Sample{Decisions: totals})
+	}
+	b := setup(t, func(c *console.Config) {
+		c.Trends = trends
+		c.Decisions = func() map[string]float64 { return totals }
+	})
+	page := b.get(t, "/_idem/").Body.String()
+	chart := regexp.MustCompile(`(?s)<svg id="chart-decisions".*?</figure>`).FindString(page)
+	if chart == "" {
+		t.Fatal("no decisions chart")
+	}
+	var labels []string
+	for _, m := range regexp.MustCompile(`text-anchor="(?:start|middle|end)">(\d\d:\d\d)</text>`).FindAllStringSubmatch(chart, -1) {
+		labels = append(labels, m[1])
+	}
+	if got := strings.Join(labels, " "); got != "11:57 11:58 12:00" {
+		t.Errorf("time axis %q, want 11:57 11:58 12:00: the process's four minutes", got)
+	}
+	if !strings.Contains(chart, `points="44.0,`) {
+		t.Errorf("the lines do not start at the left edge:\n%s", chart)
+	}
+	if strings.Contains(chart, "last hour") {
+		t.Errorf("a 3-minute-old process's chart says it shows the last hour")
+	}
+	if !strings.Contains(chart, `created <b>3180</b>`) || !strings.Contains(chart, `replayed <b>1</b>`) {
+		t.Errorf("the legend does not give the decisions since the start:\n%s", chart)
+	}
+	if !regexp.MustCompile(`<td>created</td><td class="num">3180</td>`).MatchString(page) {
+		t.Errorf("the table does not say 3180 created")
+	}
+}
+
+// Decisions made since the last sample are charted too: the overview and
+// trends.json read the totals the table shows, so a load run between two
+// samples (every 10 s) is not missing from the chart and its legend.
+func TestChartsCountDecisionsSinceTheLastSample(t *testing.T) {
+	t.Parallel()
+	trends := console.NewTrends()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC) // setup's clock
+	trends.Observe(now.Add(-65*time.Second), console.Sample{Decisions: map[string]float64{}})
+	totals := map[string]float64{"created": 3179, "replayed": 1}
+	b := setup(t, func(c *console.Config) {
+		c.Trends = trends
+		c.Decisions = func() map[string]float64 { return totals }
+	})
+	page := b.get(t, "/_idem/").Body.String()
+	chart := regexp.MustCompile(`(?s)<svg id="chart-decisions".*?</figure>`).FindString(page)
+	if !strings.Contains(chart, `created <b>3179</b>`) {
+		t.Errorf("the legend misses the decisions since the last sample:\n%s", chart)
+	}
+	var got struct {
+		Minutes []struct {
+			At        time.Time          `json:"at"`
+			Decisions map[string]float64 `json:"decisions"`
+		} `json:"minutes"`
+	}
+	if err := json.Unmarshal(b.get(t, "/_idem/trends.json").Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got.Minutes); n != 2 || !got.Minutes[1].At.Equal(now) || got.Minutes[1].Decisions["created"] != 3179 {
+		t.Errorf("trends.json minutes %+v, want 11:58 (sampled) and 12:00 with 3179 created", got.Minutes)
+	}
+}

@@ -82,7 +82,6 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*data
 }
 
 func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
-	redacted := storeurl.Redact(rawURL)
 	pcfg, schema, err := storeurl.ParsePostgres(rawURL)
 	if err != nil {
 		return nil, err
@@ -92,7 +91,7 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", redacted, err)
+		return nil, storeurl.Wrap(rawURL, err)
 	}
 	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
 	ob := outbox.NewPgx(pool, &outbox.Config{Schema: schema, Now: now})
@@ -103,11 +102,11 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (*da
 	migrateIdem := func(ctx context.Context) error { _, err := store.Migrate(ctx); return err }
 	if err := migrateIdem(ctx); err != nil {
 		closeAll()
-		return nil, fmt.Errorf("store %s: %w", redacted, err)
+		return nil, storeurl.Wrap(rawURL, err)
 	}
 	if err := d.migrate(ctx, ob.Migrate, r.migrator(now)); err != nil {
 		closeAll()
-		return nil, fmt.Errorf("store %s: %w", redacted, err)
+		return nil, storeurl.Wrap(rawURL, err)
 	}
 	return d, nil
 }

@@ -115,7 +115,6 @@ func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (idems
 }
 
 func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (idemstore.TxStore, ledger, error) {
-	redacted := storeurl.Redact(rawURL)
 	pcfg, schema, err := storeurl.ParsePostgres(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("provider: %w", err)
@@ -125,17 +124,17 @@ func openPostgres(ctx context.Context, rawURL string, now func() time.Time) (ide
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("provider: store %s: %w", redacted, err)
+		return nil, nil, fmt.Errorf("provider: %w", storeurl.Wrap(rawURL, err))
 	}
 	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Now: now})
 	l := &pgxLedger{store: store, pool: pool, q: parseQueries(postgresSQL, pgx.Identifier{schema}.Sanitize())}
 	if _, err := store.Migrate(ctx); err != nil {
 		l.close()
-		return nil, nil, fmt.Errorf("provider: store %s: %w", redacted, err)
+		return nil, nil, fmt.Errorf("provider: %w", storeurl.Wrap(rawURL, err))
 	}
 	if _, err := pool.Exec(ctx, l.q.create); err != nil {
 		l.close()
-		return nil, nil, fmt.Errorf("provider: store %s: creating the ledger: %w", redacted, err)
+		return nil, nil, fmt.Errorf("provider: %w", storeurl.Wrap(rawURL, fmt.Errorf("creating the ledger: %w", err)))
 	}
 	return store, l, nil
 }

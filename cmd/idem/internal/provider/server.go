@@ -18,13 +18,21 @@ type Server struct {
 // Listen opens the provider (see New) and serves it on addr, e.g.
 // "127.0.0.1:8081" (port 0 picks a free one), until Close.
 func Listen(addr string, cfg *Config) (*Server, error) {
-	p, err := New(cfg)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	return Serve(ln, cfg)
+}
+
+// Serve opens the provider (see New) and serves it on ln until Close. It
+// closes ln when the provider cannot be opened. A caller that needs the
+// provider's URL before its store is open (to open another store first)
+// listens itself and calls Serve.
+func Serve(ln net.Listener, cfg *Config) (*Server, error) {
+	p, err := New(cfg)
 	if err != nil {
-		p.Close()
+		ln.Close()
 		return nil, err
 	}
 	s := &Server{

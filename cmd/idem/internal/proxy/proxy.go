@@ -64,6 +64,10 @@ type Config struct {
 	// ProblemTypeBase prefixes the problem code to form the problem+json
 	// "type" URI. Defaults to DefaultProblemTypeBase.
 	ProblemTypeBase string
+	// StripeErrors words the proxy's own answers (502, 504) as Stripe's API
+	// does, {"error":{"type":"api_error",...}}, as the middleware does under
+	// idem.ProfileStripe. Defaults to problem+json.
+	StripeErrors bool
 	// Logger receives upstream failures. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -183,6 +187,12 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// retry to run it again. Outside a protected request this does nothing.
 		idem.MarkUnknown(r.Context())
 	}
+	if h.cfg.StripeErrors {
+		// Stripe-Should-Retry: a request that never left may be sent again;
+		// one the upstream may have acted on waits for reconciliation.
+		writeStripeError(w, h.cfg.ProblemTypeBase, status, code, detail, !sent)
+		return
+	}
 	writeProblem(w, h.cfg.ProblemTypeBase, status, code, detail)
 }
 
@@ -204,6 +214,29 @@ func writeProblem(w http.ResponseWriter, typeBase string, status int, code, deta
 	hdr.Set("Content-Type", "application/problem+json")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeStripeError writes Stripe's error object for a server-side failure:
+// type api_error, the problem code as its code and the problem type URI as
+// its doc_url.
+func writeStripeError(w http.ResponseWriter, typeBase string, status int, code, message string, shouldRetry bool) {
+	type stripeError struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		DocURL  string `json:"doc_url"`
+	}
+	body, _ := json.Marshal(struct { // cannot fail: strings
+		Error stripeError `json:"error"`
+	}{stripeError{Type: "api_error", Code: code, Message: message, DocURL: typeBase + code}})
+	hdr := w.Header()
+	clear(hdr)
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Set("Cache-Control", "no-store")
+	hdr.Set("Stripe-Should-Retry", strconv.FormatBool(shouldRetry))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }

@@ -509,3 +509,53 @@ func TestChunkedAnswerIsReplayed(t *testing.T) {
 		t.Errorf("upstream called %d times, want 1", n)
 	}
 }
+
+// With StripeErrors the proxy's own answers speak Stripe, as the
+// middleware's do under the Stripe profile: api_error, the problem code, and
+// Stripe-Should-Retry true only when the request certainly never left.
+func TestStripeErrorsWordTheProxysAnswers(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second): // bound a broken timeout
+		}
+	}))
+	defer slow.Close()
+	defer close(release)
+	stripe := idem.New(idemmem.New(nil), &idem.Config{Logger: quietLogger(), Profile: idem.ProfileStripe})
+	for _, tt := range []struct {
+		name, upstream, code string
+		status               int
+		shouldRetry          string
+	}{
+		{"unreachable", "http://" + addr, CodeUpstreamUnavailable, http.StatusBadGateway, "true"},
+		{"timeout", slow.URL, CodeUpstreamTimeout, http.StatusGatewayTimeout, "false"},
+	} {
+		p := New(mustURL(t, tt.upstream), &Config{Timeout: 50 * time.Millisecond, Logger: quietLogger(), StripeErrors: true})
+		rec := post(stripe(p), "k-"+tt.name)
+		p.CloseIdleConnections()
+		if rec.Code != tt.status || rec.Header().Get("Content-Type") != "application/json" {
+			t.Fatalf("%s: %d %q %s", tt.name, rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+		}
+		var e struct {
+			Error struct{ Type, Code, Message string }
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
+			t.Fatalf("%s: %v: %s", tt.name, err, rec.Body)
+		}
+		if e.Error.Type != "api_error" || e.Error.Code != tt.code || e.Error.Message == "" {
+			t.Errorf("%s: error %+v, want api_error %s", tt.name, e.Error, tt.code)
+		}
+		if got := rec.Header().Get("Stripe-Should-Retry"); got != tt.shouldRetry {
+			t.Errorf("%s: Stripe-Should-Retry %q, want %q", tt.name, got, tt.shouldRetry)
+		}
+	}
+}

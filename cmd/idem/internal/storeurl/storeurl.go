@@ -274,6 +274,42 @@ func openSQLiteUnmigrated(path string, cfg *idemsqlite.Config) (idemstore.Store,
 	return s, db.Close, nil
 }
 
+// Wrap returns err, a failure to open or use the store at rawURL, as
+// "store URL: err", the URL redacted and each line of err said once: pgx
+// lists every connection attempt, and under sslmode=prefer (its default)
+// the TLS and the plain attempt at a server that does not answer fail
+// alike. errors.Is and errors.As still see err.
+func Wrap(rawURL string, err error) error {
+	return fmt.Errorf("store %s: %w", Redact(rawURL), sayOnce(err))
+}
+
+// sayOnce returns err with its repeated lines dropped, or err itself when
+// no line repeats.
+func sayOnce(err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	seen := make(map[string]bool, len(lines))
+	kept := lines[:0:0]
+	for _, l := range lines {
+		if !seen[l] {
+			seen[l] = true
+			kept = append(kept, l)
+		}
+	}
+	if len(kept) == len(lines) {
+		return err
+	}
+	return linesError{msg: strings.Join(kept, "\n"), err: err}
+}
+
+// linesError is an error shown with other text than its cause's.
+type linesError struct {
+	msg string
+	err error
+}
+
+func (e linesError) Error() string { return e.msg }
+func (e linesError) Unwrap() error { return e.err }
+
 func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Store, func() error, error) {
 	pcfg, opts, err := parsePostgres(rawURL)
 	if err != nil {
@@ -282,7 +318,7 @@ func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Stor
 	cfg := &idempgx.Config{Schema: opts.schema, Partitions: o.Partitions, GroupCommit: opts.groupCommit}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		return nil, nil, Wrap(rawURL, err)
 	}
 	s := idempgx.New(pool, cfg)
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
@@ -291,14 +327,14 @@ func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Stor
 		if err := pool.Ping(ctx); err != nil {
 			s.Close()
 			pool.Close()
-			return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+			return nil, nil, Wrap(rawURL, err)
 		}
 		return s, func() error { s.Close(); pool.Close(); return nil }, nil
 	}
 	if _, err := s.Migrate(ctx); err != nil {
 		s.Close()
 		pool.Close()
-		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		return nil, nil, Wrap(rawURL, err)
 	}
 	return s, func() error { s.Close(); pool.Close(); return nil }, nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -274,5 +275,37 @@ func TestOpenWithNoMigrate(t *testing.T) {
 	}
 	if ms := status(&Options{NoMigrate: true}); !ms[len(ms)-1].Applied {
 		t.Errorf("status after reopening with NoMigrate = %+v, want every migration still applied", ms)
+	}
+}
+
+// closedAddr returns a local address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// pgx tries a server twice under sslmode=prefer (TLS, then plain) and
+// lists both failures; when they are the same, the error says it once.
+func TestPostgresDialErrorSaidOnce(t *testing.T) {
+	t.Parallel()
+	raw := "postgres://u:secret@" + closedAddr(t) + "/db?connect_timeout=5"
+	for _, opts := range []*Options{nil, {NoMigrate: true}} {
+		_, _, err := OpenWith(t.Context(), raw, opts)
+		if err == nil {
+			t.Fatal("opened a store nobody serves")
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "store postgres://u:xxxxx@") {
+			t.Errorf("error %q does not start with the redacted store URL", msg)
+		}
+		if n := strings.Count(msg, "connection refused"); n != 1 {
+			t.Errorf("error says the dial failure %d times, want once:\n%s", n, msg)
+		}
 	}
 }
