@@ -1,0 +1,100 @@
+package idemamqp
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Declare declares the Consumer's three queues (see the package
+// documentation), durable, with the arguments it relies on: the work queue
+// a quorum queue with x-delivery-limit (Config.DeliveryLimit) that
+// dead-letters at least once (x-dead-letter-strategy at-least-once, which
+// needs x-overflow reject-publish) to the dead-letter queue; the delay
+// queue a quorum queue that dead-letters the same way back to the work
+// queue; the dead-letter queue a quorum queue. A queue that exists with
+// other arguments is an error (PRECONDITION_FAILED): declare it so
+// yourself, or delete it first.
+func (c *Consumer) Declare(ctx context.Context) error {
+	ch, err := c.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("idemamqp: opening a channel: %w", err)
+	}
+	defer ch.Close()
+	deadLetterTo := func(queue string) amqp.Table {
+		return amqp.Table{
+			amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": queue,
+			"x-dead-letter-strategy":    "at-least-once",
+			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
+		}
+	}
+	work := deadLetterTo(c.cfg.DeadLetterQueue)
+	work["x-delivery-limit"] = c.cfg.DeliveryLimit
+	for _, q := range []struct {
+		name string
+		args amqp.Table
+	}{
+		{c.cfg.DeadLetterQueue, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}},
+		{c.queue, work},
+		{c.cfg.DelayQueue, deadLetterTo(c.queue)},
+	} {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return fmt.Errorf("idemamqp: declaring queue %s: %w", q.name, err)
+		}
+	}
+	return nil
+}
+
+// Run consumes the queue on a channel of its own with Config.Prefetch and
+// processes each message (Process) in its own goroutine, until ctx ends or
+// the channel closes. The messages in flight then finish, on a context
+// that ctx's end does not cancel, before Run returns: nil when ctx ended,
+// otherwise the reason the channel closed. Reconnecting is the caller's:
+// call Run again on a Consumer of the new connection.
+func (c *Consumer) Run(ctx context.Context) error {
+	ch, err := c.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("idemamqp: opening a channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("idemamqp: setting the prefetch: %w", err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	tag := "idemamqp-" + rand.Text()
+	deliveries, err := ch.Consume(c.queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("idemamqp: consuming %s: %w", c.queue, err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	inflight := context.WithoutCancel(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			// Stop deliveries; the ones on their way are requeued when the
+			// channel closes, once those in flight are settled.
+			ch.Cancel(tag, false)
+			wg.Wait()
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				wg.Wait()
+				if e, ok := <-closed; ok && e != nil {
+					return fmt.Errorf("idemamqp: the channel closed: %w", e)
+				}
+				return errors.New("idemamqp: the channel closed")
+			}
+			wg.Go(func() { c.Process(inflight, &d) })
+		}
+	}
+}
