@@ -10,17 +10,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Declare declares the Consumer's three queues (see the package
-// documentation), durable, with the arguments it relies on: the work queue
-// a quorum queue with x-delivery-limit (Config.DeliveryLimit) that
-// dead-letters at least once (x-dead-letter-strategy at-least-once, which
-// needs x-overflow reject-publish) to the dead-letter queue; the delay
-// queue a quorum queue that dead-letters the same way back to the work
-// queue; the dead-letter queue a quorum queue. A queue that exists with
-// other arguments is an error (PRECONDITION_FAILED): declare it so
-// yourself, or delete it first.
-func (c *Consumer) Declare(ctx context.Context) error {
-	ch, err := c.conn.Channel()
+// Declare declares the queues of a Consumer of queue with cfg on conn
+// (see the package documentation), durable, with the arguments it relies
+// on: the work queue a quorum queue with x-delivery-limit
+// (cfg.DeliveryLimit) that dead-letters at least once
+// (x-dead-letter-strategy at-least-once, which needs x-overflow
+// reject-publish) to the dead-letter queue; the delay queue a quorum queue
+// that dead-letters the same way back to the work queue; the dead-letter
+// queue a quorum queue. A nil cfg means all defaults. A queue that exists
+// with other arguments is an error (PRECONDITION_FAILED): declare it so
+// yourself, or delete it first. Binding the work queue to an exchange is
+// the caller's.
+func Declare(ctx context.Context, conn *amqp.Connection, queue string, cfg *Config) error {
+	c := cfg.withDefaults(queue)
+	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("idemamqp: opening a channel: %w", err)
 	}
@@ -34,15 +37,15 @@ func (c *Consumer) Declare(ctx context.Context) error {
 			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish,
 		}
 	}
-	work := deadLetterTo(c.cfg.DeadLetterQueue)
-	work["x-delivery-limit"] = c.cfg.DeliveryLimit
+	work := deadLetterTo(c.DeadLetterQueue)
+	work["x-delivery-limit"] = c.DeliveryLimit
 	for _, q := range []struct {
 		name string
 		args amqp.Table
 	}{
-		{c.cfg.DeadLetterQueue, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}},
-		{c.queue, work},
-		{c.cfg.DelayQueue, deadLetterTo(c.queue)},
+		{c.DeadLetterQueue, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}},
+		{queue, work},
+		{c.DelayQueue, deadLetterTo(queue)},
 	} {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -52,6 +55,13 @@ func (c *Consumer) Declare(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Declare declares the Consumer's queues, as Declare does with its queue
+// and Config.
+func (c *Consumer) Declare(ctx context.Context) error {
+	cfg := c.cfg
+	return Declare(ctx, c.conn, c.queue, &cfg)
 }
 
 // Run consumes the queue on a channel of its own with Config.Prefetch and

@@ -20,7 +20,6 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemamqp"
-	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
@@ -70,9 +69,7 @@ func newQueue(t testing.TB, conn *amqp.Connection) string {
 // when 0).
 func declare(t testing.TB, conn *amqp.Connection, queue string, deliveryLimit int) {
 	t.Helper()
-	c := idemamqp.New(conn, queue, idemmem.New(nil), nil, &idemamqp.Config{DeliveryLimit: deliveryLimit})
-	defer c.Close()
-	if err := c.Declare(context.Background()); err != nil {
+	if err := idemamqp.Declare(context.Background(), conn, queue, &idemamqp.Config{DeliveryLimit: deliveryLimit}); err != nil {
 		t.Fatal(err)
 	}
 }
