@@ -738,3 +738,12 @@ func TestAnyID(t *testing.T) {
 		t.Fatalf("%d records, %d with hashed keys; want 3 and 2", len(recs), hashed)
 	}
 }
+
+func TestAtLeast310(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]bool{"3.10.8": true, "3.13.0": true, "4.0.2": true, "3.9.29": false, "3.8.0": false, "": true} {
+		if got := idemamqp.AtLeast310(v); got != want {
+			t.Errorf("%q: %v, want %v", v, got, want)
+		}
+	}
+}

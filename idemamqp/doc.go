@@ -14,7 +14,9 @@
 //
 // # Queues
 //
-// A Consumer works on three queues, which Declare creates:
+// A Consumer works on three queues, which Declare creates (on RabbitMQ 3.10
+// or later: quorum queues with at-least-once dead-lettering and message
+// TTL):
 //
 //   - QUEUE, the work queue: a quorum queue with x-delivery-limit
 //     (Config.DeliveryLimit) that dead-letters at least once to QUEUE.dead.

@@ -23,6 +23,9 @@ import (
 // the caller's.
 func Declare(ctx context.Context, conn *amqp.Connection, queue string, cfg *Config) error {
 	c := cfg.withDefaults(queue)
+	if v, _ := conn.Properties["version"].(string); !atLeast310(v) {
+		return fmt.Errorf("idemamqp: RabbitMQ %s: Declare needs 3.10 or later (quorum queues with at-least-once dead-lettering and message TTL)", v)
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("idemamqp: opening a channel: %w", err)
@@ -55,6 +58,16 @@ func Declare(ctx context.Context, conn *amqp.Connection, queue string, cfg *Conf
 		}
 	}
 	return nil
+}
+
+// atLeast310 reports whether the broker's version v is 3.10 or later; an
+// unreadable version passes.
+func atLeast310(v string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(v, "%d.%d", &major, &minor); err != nil {
+		return true
+	}
+	return major > 3 || major == 3 && minor >= 10
 }
 
 // Declare declares the Consumer's queues, as Declare does with its queue
