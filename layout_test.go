@@ -35,9 +35,14 @@ var layers = map[string][]string{
 	"idemprom":   {"idem", "idemstore", "idemmaint", "internal/"},
 	"idemotel":   {"idem", "idemstore", "internal/"},
 	"idemnats":   {"idem", "idemstore", "internal/"},
+	"idemamqp":   {"idem", "idemstore", "internal/"},
 	"idemclient": {},
 	"idemgrpc":   {"idem", "idemstore", "idemclient", "internal/"},
 	"outbox":     {"idemstore", "internal/"},
+	// The outbox's broker publishers: packages of their own, so that only
+	// a program that uses a broker imports its client.
+	"outbox/outboxnats": {"outbox", "idemstore", "internal/"},
+	"outbox/outboxamqp": {"outbox", "idemstore", "internal/"},
 
 	// teststore opens a store of each kind for tests (the stores' own
 	// tests use testenv, which imports no store).
@@ -54,7 +59,7 @@ func layer(dir string) string {
 		return "idem"
 	case strings.HasPrefix(dir, "cmd/"):
 		return ""
-	case dir == "internal/integration/teststore":
+	case dir == "internal/integration/teststore", strings.HasPrefix(dir, "outbox/"):
 		return dir
 	case strings.HasPrefix(dir, "internal/"):
 		return "internal/"

@@ -6,9 +6,11 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875
 	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/idemamqp v0.1.0
 	github.com/idem-dev/idem/idemcache v0.1.0
 	github.com/idem-dev/idem/idemgrpc v0.1.0
 	github.com/idem-dev/idem/idemmaint v0.1.0
+	github.com/idem-dev/idem/idemnats v0.1.0
 	github.com/idem-dev/idem/idempgx v0.1.0
 	github.com/idem-dev/idem/idemprom v0.1.0
 	github.com/idem-dev/idem/idemredis v0.1.0
@@ -16,6 +18,8 @@ require (
 	github.com/idem-dev/idem/internal/pgxmigrate v0.1.0
 	github.com/idem-dev/idem/internal/testenv/redisproc v0.1.0
 	github.com/idem-dev/idem/outbox v0.1.0
+	github.com/idem-dev/idem/outbox/outboxamqp v0.1.0
+	github.com/idem-dev/idem/outbox/outboxnats v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/redis/go-redis/v9 v9.22.0
@@ -23,6 +27,13 @@ require (
 	google.golang.org/grpc v1.84.0
 	google.golang.org/protobuf v1.36.12
 	modernc.org/sqlite v1.59.0
+)
+
+require (
+	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.55.0 // indirect
 )
 
 require (
@@ -36,10 +47,12 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nats.go v1.53.1
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.71.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/stripe/stripe-go/v82 v82.5.1
 	go.uber.org/atomic v1.12.0 // indirect
@@ -74,3 +87,11 @@ replace github.com/idem-dev/idem/internal/pgxmigrate => ../../internal/pgxmigrat
 replace github.com/idem-dev/idem/internal/testenv/redisproc => ../../internal/testenv/redisproc
 
 replace github.com/idem-dev/idem/outbox => ../../outbox
+
+replace github.com/idem-dev/idem/idemamqp => ../../idemamqp
+
+replace github.com/idem-dev/idem/idemnats => ../../idemnats
+
+replace github.com/idem-dev/idem/outbox/outboxamqp => ../../outbox/outboxamqp
+
+replace github.com/idem-dev/idem/outbox/outboxnats => ../../outbox/outboxnats

@@ -4,6 +4,7 @@ go 1.25.0
 
 require (
 	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/idemamqp v0.1.0
 	github.com/idem-dev/idem/idemnats v0.1.0
 	github.com/idem-dev/idem/idempgx v0.1.0
 	github.com/idem-dev/idem/idemredis v0.1.0
@@ -11,6 +12,7 @@ require (
 	github.com/idem-dev/idem/internal/pgxmigrate v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.53.1
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.22.0
 	modernc.org/sqlite v1.59.0
 )
@@ -50,3 +52,5 @@ replace github.com/idem-dev/idem/idemredis => ../../idemredis
 replace github.com/idem-dev/idem/idemsqlite => ../../idemsqlite
 
 replace github.com/idem-dev/idem/internal/pgxmigrate => ../pgxmigrate
+
+replace github.com/idem-dev/idem/idemamqp => ../../idemamqp

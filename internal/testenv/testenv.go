@@ -1,8 +1,9 @@
 // Package testenv finds the external services that tests need.
 //
-// Tests that need PostgreSQL, Redis or NATS call PostgresURL, RedisURL or
-// NATSURL. The URL comes from IDEM_TEST_DATABASE_URL / IDEM_TEST_REDIS_URL /
-// IDEM_TEST_NATS_URL with localhost defaults. When the service does not answer the test is skipped with the
+// Tests that need PostgreSQL, Redis, NATS or RabbitMQ call PostgresURL,
+// RedisURL, NATSURL or AMQPURL. The URL comes from IDEM_TEST_DATABASE_URL /
+// IDEM_TEST_REDIS_URL / IDEM_TEST_NATS_URL / IDEM_TEST_AMQP_URL with
+// localhost defaults. When the service does not answer the test is skipped with the
 // variable's name, unless IDEM_TEST_REQUIRE_ALL=1, when it fails instead.
 //
 // Race releases many goroutines at once, for tests of concurrent callers;
@@ -23,6 +24,7 @@ const (
 	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
 	DefaultNATSURL     = "nats://127.0.0.1:4222"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 )
 
 // RequireAll reports whether IDEM_TEST_REQUIRE_ALL=1: missing services fail.
@@ -48,6 +50,13 @@ func RedisURL(t testing.TB) string {
 func NATSURL(t testing.TB) string {
 	t.Helper()
 	return serviceURL(t, "IDEM_TEST_NATS_URL", DefaultNATSURL, "4222")
+}
+
+// AMQPURL returns the RabbitMQ URL for tests, or skips (fails under
+// IDEM_TEST_REQUIRE_ALL=1) when the server does not answer.
+func AMQPURL(t testing.TB) string {
+	t.Helper()
+	return serviceURL(t, "IDEM_TEST_AMQP_URL", DefaultAMQPURL, "5672")
 }
 
 // Unavailable skips the test, or fails it under IDEM_TEST_REQUIRE_ALL=1.

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemamqp"
 	"github.com/idem-dev/idem/idemclient"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemnats"
@@ -209,5 +212,70 @@ func Example_readmeNATS() {
 		log.Fatal(err)
 	}
 	<-ctx.Done()
+	// README
+}
+
+// The README's "Message consumers (RabbitMQ)": the billing consumer of the
+// payments service's payment.succeeded events (compiled, not run: it needs
+// RabbitMQ and opens ./billing.db; TestPipelineKills in
+// cmd/idem/internal/e2e runs the same consumer under SIGKILL).
+func Example_readmeAMQP() {
+	// README
+	store, err := idemsqlite.Open("billing.db", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	_, err = store.DB().Exec(`CREATE TABLE IF NOT EXISTS billed (
+		event_id TEXT PRIMARY KEY, payment_id TEXT NOT NULL, amount_cents INTEGER NOT NULL)`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	// The work queue "billing", its delay and dead-letter queues, and its
+	// binding to the exchange `idem payments --events amqp://…` publishes to.
+	if err := idemamqp.Declare(ctx, conn, "billing", nil); err != nil {
+		log.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = ch.ExchangeDeclare("payments", amqp.ExchangeTopic, true, false, false, false, nil)
+	if err == nil {
+		err = ch.QueueBind("billing", "payment.succeeded", "payments", false, nil)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	ch.Close()
+
+	billing := idemamqp.New(conn, "billing", store, func(ctx context.Context, d *amqp.Delivery) error {
+		var ev struct {
+			ID          string `json:"id"`
+			PaymentID   string `json:"payment_id"`
+			AmountCents int64  `json:"amount_cents"`
+		}
+		if err := json.Unmarshal(d.Body, &ev); err != nil {
+			return err // requeued; past the delivery limit, dead-lettered
+		}
+		tx, err := idemsqlite.TxFromContext(ctx) // commits with the event's record
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO billed VALUES (?, ?, ?)`, ev.ID, ev.PaymentID, ev.AmountCents)
+		return err
+	}, &idemamqp.Config{Idem: idem.Config{Transactional: true}})
+	defer billing.Close()
+	if err := billing.Run(ctx); err != nil { // until Ctrl-C
+		log.Fatal(err)
+	}
 	// README
 }

@@ -23,6 +23,8 @@ import (
 	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
 	"github.com/idem-dev/idem/cmd/idem/internal/provider"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-dev/idem/internal/redact"
+	"github.com/idem-dev/idem/outbox"
 )
 
 // demoTenant is the tenant made when --tokens is not given.
@@ -40,6 +42,7 @@ type paymentsOptions struct {
 	providerURL       *url.URL
 	providerStore     string
 	store             string
+	events            string            // --events: nats://… or amqp://…; "" publishes no events
 	tokensRaw         string            // --tokens as given
 	tokens            map[string]string // tenant → token; nil: a demo tenant
 	faults            provider.Faults
@@ -84,6 +87,7 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.Var(httpURLValue{&o.providerURL}, "provider-url", "`URL` of an external provider (idem provider) to use instead of starting one")
 	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://… (default: beside --store: a file NAME-provider.db next to its file, or the schema NAME_provider in its database)")
 	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH or postgres://… (?schema=NAME)")
+	fs.Var(eventsValue{&o.events}, "events", "`URL` where each succeeded payment publishes a payment.succeeded event through the outbox: nats://HOST:4222 (JetStream; ?subject=, ?stream=) or amqp://USER:PASS@HOST:5672/ (RabbitMQ; ?exchange=)")
 	fs.Var(secretValue{&o.tokensRaw}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
 	registerFaults(fs, &o.faults, "provider-")
 	fs.Var(positiveIntValue{&o.relayWorkers}, "relay-workers", "`N` outbox relays charging in parallel")
@@ -256,11 +260,22 @@ func runPayments(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	var events outbox.Publisher
+	if o.events != "" {
+		pub, closeEvents, err := openEvents(ctx, o.events, e.logger)
+		if err != nil {
+			return err
+		}
+		// Closed after the service: the relays finish the event in flight.
+		defer closeEvents()
+		events = pub
+	}
 	metrics := &lateMetrics{}
 	cfg := &paysvc.Config{
 		Keyring:            keyring,
 		EncryptionRequired: o.keyring.required,
 		Store:              o.store,
+		Events:             events,
 		Tokens:             tokens,
 		ProviderURL:        providerURL,
 		RelayWorkers:       o.relayWorkers,
@@ -379,6 +394,9 @@ func printBanner(w io.Writer, o *paymentsOptions, api, providerURL string, demo 
 	fmt.Fprintf(&b, "  API       %s/v1/payments\n", api)
 	fmt.Fprintf(&b, "  provider  %s (%s; its ledger: GET %s/charges)\n", storeurl.Redact(providerURL), where, storeurl.Redact(providerURL))
 	fmt.Fprintf(&b, "  store     %s\n", storeurl.Redact(o.store))
+	if o.events != "" {
+		fmt.Fprintf(&b, "  events    %s (payment.succeeded, through the outbox)\n", redact.URL(o.events))
+	}
 	if o.providerURL == nil {
 		fmt.Fprintf(&b, "  ledger    %s (the in-process provider's; --provider-store to move it)\n", storeurl.Redact(o.providerStore))
 	}

@@ -93,11 +93,32 @@ func TestParsePayments(t *testing.T) {
 			t.Errorf("parsed %+v", o)
 		}
 	})
+	t.Run("events", func(t *testing.T) {
+		o, err := parsePayments(nil, newTestEnv(map[string]string{"IDEM_EVENTS": "amqp://guest:s3cret@mq:5672/?exchange=shop"}).env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg, err := parseEventsURL(o.events)
+		if err != nil || tg.kind != "amqp" || tg.exchange != "shop" || tg.dial.String() != "amqp://guest:s3cret@mq:5672/" {
+			t.Errorf("IDEM_EVENTS: %q → %+v, %v", o.events, tg, err)
+		}
+		o, err = parsePayments([]string{"--events", "nats://127.0.0.1:4222"}, newTestEnv(nil).env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg, err = parseEventsURL(o.events)
+		if err != nil || tg.kind != "nats" || tg.subject != "payment.succeeded" || tg.stream != "PAYMENTS" || tg.dial.String() != "nats://127.0.0.1:4222" {
+			t.Errorf("--events nats: %+v, %v", tg, err)
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		args []string
 		env  map[string]string
 	}{
+		{"events scheme", []string{"--events", "kafka://broker:9092"}, nil},
+		{"events without host", []string{"--events", "amqp:payments"}, nil},
+		{"events env", nil, map[string]string{"IDEM_EVENTS": "http://guest:short-secret@broker/"}},
 		{"tokens without a pair", []string{"--tokens", "acme"}, nil},
 		{"short token", []string{"--tokens", "acme=short-secret"}, nil},
 		{"bad tenant", []string{"--tokens", "a c=" + payToken}, nil},

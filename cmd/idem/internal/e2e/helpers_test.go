@@ -46,6 +46,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(runChild(mode))
 	}
+	if spec := os.Getenv(consumerEnv); spec != "" {
+		os.Exit(runConsumer(spec))
+	}
 	dir, err := os.MkdirTemp("", "idem-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)

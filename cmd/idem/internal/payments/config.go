@@ -12,6 +12,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemcrypt"
+	"github.com/idem-dev/idem/outbox"
 )
 
 // Default values of the Config fields.
@@ -77,6 +78,12 @@ type Config struct {
 	// ProviderURL is the payment provider's base URL, e.g.
 	// http://127.0.0.1:8081. Required.
 	ProviderURL string
+	// Events, when set, publishes a payment.succeeded event (Event) for
+	// every payment that succeeds: written to the outbox in the transaction
+	// that marks the payment succeeded and published by the relays, with
+	// the event's id as the idempotency key (outbox/outboxnats,
+	// outbox/outboxamqp). Defaults to nil: no events.
+	Events outbox.Publisher
 	// HTTPClient calls the provider. Defaults to a client of its own; each
 	// call is bounded by DeliverTimeout.
 	HTTPClient *http.Client

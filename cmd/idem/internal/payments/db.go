@@ -215,8 +215,10 @@ type repo interface {
 	// before, newest first.
 	list(ctx context.Context, tenant string, before int64, limit int) ([]*Payment, error)
 	// markSucceeded settles a payment that is not succeeded yet; it reports
-	// whether it changed a row.
-	markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error)
+	// whether it changed a row. When event is not nil and the row changed,
+	// it enqueues event in ob in the same transaction (a duplicate is left
+	// as it is).
+	markSucceeded(ctx context.Context, ob outbox.Store, id, chargeID string, now time.Time, event *outbox.Message) (bool, error)
 	// markFailed fails a pending or unreconciled payment.
 	markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error)
 	// markUnknown marks a pending payment requires_reconciliation.
@@ -326,8 +328,26 @@ func (r *sqliteRepo) exec(ctx context.Context, query string, args ...any) (bool,
 	return n > 0, err
 }
 
-func (r *sqliteRepo) markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error) {
-	return r.exec(ctx, r.q.markSucceeded, id, chargeID, now.UnixMicro())
+func (r *sqliteRepo) markSucceeded(ctx context.Context, ob outbox.Store, id, chargeID string, now time.Time, event *outbox.Message) (bool, error) {
+	if event == nil {
+		return r.exec(ctx, r.q.markSucceeded, id, chargeID, now.UnixMicro())
+	}
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, r.q.markSucceeded, id, chargeID, now.UnixMicro())
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	if _, err := ob.(*outbox.SQLiteStore).Enqueue(ctx, tx, *event); err != nil && !errors.Is(err, outbox.ErrDuplicate) {
+		return false, fmt.Errorf("enqueueing the %s event: %w", event.Topic, err)
+	}
+	return true, tx.Commit()
 }
 
 func (r *sqliteRepo) markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error) {
@@ -504,8 +524,23 @@ func (r *pgxRepo) exec(ctx context.Context, query string, args ...any) (bool, er
 	return tag.RowsAffected() > 0, nil
 }
 
-func (r *pgxRepo) markSucceeded(ctx context.Context, id, chargeID string, now time.Time) (bool, error) {
-	return r.exec(ctx, r.q.markSucceeded, id, chargeID, now)
+func (r *pgxRepo) markSucceeded(ctx context.Context, ob outbox.Store, id, chargeID string, now time.Time, event *outbox.Message) (bool, error) {
+	if event == nil {
+		return r.exec(ctx, r.q.markSucceeded, id, chargeID, now)
+	}
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	tag, err := tx.Exec(ctx, r.q.markSucceeded, id, chargeID, now)
+	if err != nil || tag.RowsAffected() == 0 {
+		return false, err
+	}
+	if _, err := ob.(*outbox.PgxStore).Enqueue(ctx, tx, *event); err != nil && !errors.Is(err, outbox.ErrDuplicate) {
+		return false, fmt.Errorf("enqueueing the %s event: %w", event.Topic, err)
+	}
+	return true, tx.Commit(ctx)
 }
 
 func (r *pgxRepo) markFailed(ctx context.Context, id, reason string, now time.Time) (bool, error) {

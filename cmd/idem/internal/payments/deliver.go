@@ -12,7 +12,7 @@ import (
 
 // deliver is the relays' Deliver hook: it charges one payment at the
 // provider with the payment's derived key and records the outcome on the
-// payment.
+// payment. Event rows (payment.succeeded) go to Config.Events instead.
 //
 //   - A settled payment is not charged again: the row is done.
 //   - A payment whose earlier attempt may have reached the provider (its
@@ -28,6 +28,9 @@ import (
 //     the payment fails — after one more lookup, and only if no earlier
 //     attempt had an unknown outcome (those the reconciler settles).
 func (s *Service) deliver(ctx context.Context, m outbox.Message) (outbox.Outcome, error) {
+	if m.Topic == TopicPaymentSucceeded {
+		return s.publishEvent(ctx, m)
+	}
 	log := s.log.With("outbox_id", m.ID, "attempt", m.Attempts)
 	if m.Topic != topicCharge {
 		return outbox.OutcomePermanent, fmt.Errorf("unknown topic %q", m.Topic)
@@ -80,11 +83,14 @@ func (s *Service) deliver(ctx context.Context, m outbox.Message) (outbox.Outcome
 	return s.giveUp(ctx, log, p, outcome, err)
 }
 
-// succeed records the charge on the payment. When that write fails the
+// succeed records the charge on the payment, with its payment.succeeded
+// event in the same transaction when the service publishes events. When
+// that write fails the
 // charge exists but the payment does not say so: the row is retried, and
 // the next attempt finds the charge by its key.
 func (s *Service) succeed(ctx context.Context, log *slog.Logger, p *Payment, ch *charge) (outbox.Outcome, error) {
-	changed, err := s.db.repo.markSucceeded(context.WithoutCancel(ctx), p.ID, ch.ID, s.now())
+	now := s.now()
+	changed, err := s.db.repo.markSucceeded(context.WithoutCancel(ctx), s.db.outbox, p.ID, ch.ID, now, s.succeededEvent(p, ch.ID, now))
 	if err != nil {
 		log.Error("payments: recording the charge failed; the next attempt will find it", "charge_id", ch.ID, "error", err)
 		return outbox.OutcomeRetry, fmt.Errorf("recording charge %s: %w", ch.ID, err)

@@ -145,7 +145,7 @@ func TestLedgerReconciliation(t *testing.T) {
 		}
 		// The payment settles (as the relay or the other direction would do):
 		// the watermark moves past it.
-		if changed, err := b.svc.db.repo.markSucceeded(b.ctx, open.ID, openCharge.ID, b.clock.Now()); err != nil || !changed {
+		if changed, err := b.svc.db.repo.markSucceeded(b.ctx, b.svc.db.outbox, open.ID, openCharge.ID, b.clock.Now(), nil); err != nil || !changed {
 			t.Fatalf("markSucceeded: %v, %v", changed, err)
 		}
 		b.ledgerOnce(t, b.svc, LedgerResult{Checked: 1, Reported: 0, Held: 0, Watermark: openCharge.Seq})

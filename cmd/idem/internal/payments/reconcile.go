@@ -68,7 +68,8 @@ func (s *Service) ReconcileOnce(ctx context.Context) (ReconcileResult, error) {
 				log.Error("payments: deferring the reconciliation failed", "error", derr)
 			}
 		case found:
-			if _, err := s.db.repo.markSucceeded(wctx, u.ID, ch.ID, s.now()); err != nil {
+			now := s.now()
+			if _, err := s.db.repo.markSucceeded(wctx, s.db.outbox, u.ID, ch.ID, now, s.succeededEvent(u.Payment, ch.ID, now)); err != nil {
 				res.Unresolved++
 				log.Error("payments: recording the reconciled charge failed", "charge_id", ch.ID, "error", err)
 				continue
