@@ -75,7 +75,7 @@ func TestKeyringSealsStoredResponses(t *testing.T) {
 		second.Header().Get("Location") != first.Header().Get("Location") || second.Header().Get(idem.HeaderReplayed) != "true" {
 		t.Fatalf("replay: %d %v %s", second.Code, second.Header(), second.Body)
 	}
-	if second.Header().Get(idemcrypt.HeaderSealed) != "" {
+	if second.Header().Get("Idem-Sealed") != "" {
 		t.Fatal("the replay shows the sealed marker header")
 	}
 	if n := b.calls.Load(); n != 1 {
@@ -119,7 +119,7 @@ func TestKeyringSealsWithoutReading(t *testing.T) {
 		if err != nil || len(recs) != 1 {
 			t.Fatalf("KeyList = %v, %v", recs, err)
 		}
-		if v := recs[0].Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 k1" {
+		if v := recs[0].Response.Sealed; v != "v2 k1" {
 			t.Fatalf("transactional %v: stored sealed %q, want v2 k1", tx, v)
 		}
 		if w := do(); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), secretMarker) {
