@@ -51,10 +51,97 @@ func DefaultStoredHeaders() []string {
 	}
 }
 
-// Config configures the middleware. A nil *Config means all defaults. Routes
-// that need other settings (a required key, another TTL, a narrowed
-// fingerprint) get their own middleware instance on the same store.
+// GuardConfig configures the core every adapter shares: NewGuard (and Do
+// on it), the HTTP middleware (Config embeds it), idemgrpc's interceptors
+// and the message consumers. A nil *GuardConfig, like its zero value, means
+// all defaults.
+type GuardConfig struct {
+	// MinKeyLength rejects shorter keys (400 key-invalid over HTTP,
+	// ErrKeyInvalid from a Guard). Defaults to 1.
+	MinKeyLength int
+	// TTL is how long a record is kept. Defaults to 24 hours.
+	TTL time.Duration
+	// Lease is the in-progress lock length; the lease is renewed every
+	// Lease/3 while the operation runs. Defaults to 30 seconds.
+	Lease time.Duration
+	// Wait, when positive, makes a call that finds its key in progress
+	// block up to Wait for the result instead of answering at once (409
+	// over HTTP, ErrInProgress from a Guard). Defaults to 0.
+	Wait time.Duration
+	// MaxResponse is the largest result body stored; a larger one is
+	// delivered once and its record marked not replayable. Defaults to
+	// 1 MiB.
+	MaxResponse int64
+	// Keyring, when set, encrypts every stored response (header values and
+	// body) at rest with AES-256-GCM under its first key, and opens
+	// responses sealed under any of its keys (package idemcrypt). A record
+	// sealed under a key it does not hold is answered 500
+	// response-untrusted, never replayed and never run again. Without a
+	// Keyring, responses are stored in the clear and a sealed record is
+	// answered the same way. Defaults to none.
+	Keyring *idemcrypt.Keyring
+	// EncryptionRequired refuses to replay a stored response that is not
+	// sealed in the current format: one stored in the clear (which anyone
+	// who can write to the store can plant) or sealed by idemcrypt's format
+	// v1 (not bound to the record's fingerprint and creation time). Such a
+	// record is answered 500 response-untrusted and its request is never
+	// run again (not even with FailOpen). Turn it on once `idem keys
+	// rotate-encryption` (idemcrypt.Rotate) has sealed every record. It
+	// needs a Keyring. Defaults to false: such records replay as stored.
+	EncryptionRequired bool
+	// StoreTimeout bounds every store call; a call that takes longer is a
+	// store outage (503 before the operation runs, a logged failure after
+	// it). Defaults to 2 seconds.
+	StoreTimeout time.Duration
+	// MaxInProgressPerScope, when positive, refuses a new key (429
+	// too-many-keys) when the scope already has that many calls in progress
+	// in this process. Defaults to 0 (no limit).
+	MaxInProgressPerScope int
+	// NewKeysPerSecondPerScope, when positive, limits the rate of new keys
+	// per scope in this process (burst of the same size); over it the answer
+	// is 429 too-many-keys and nothing is stored. Defaults to 0 (no limit).
+	NewKeysPerSecondPerScope float64
+	// Transactional runs the operation in transactional mode (SPEC section
+	// 5). The store must implement idemstore.TxStore (idemsqlite, idempgx,
+	// idemmem); New and NewGuard panic otherwise. The operation gets the
+	// business transaction from its context (idemsqlite.TxFromContext,
+	// idempgx.TxFromContext, idemmem.TxFromContext); the key's completion
+	// is written in that transaction, which is committed before the answer
+	// is sent. A failure (over HTTP: a 5xx, 408, 425 or 429 answer), a panic
+	// or a lost lease rolls it back and releases the key; an expired lease
+	// also releases the key, since nothing was committed. Phased operations
+	// (RunPhases) need it. Defaults to false.
+	Transactional bool
+	// FailOpen runs the operation unprotected when the store is
+	// unavailable. For development only: it logs an error on every bypass.
+	// Defaults to false (fail closed: 503 store-unavailable,
+	// ErrStoreUnavailable).
+	FailOpen bool
+	// Metrics receives a count of every decision and the store latencies.
+	// Defaults to none.
+	Metrics Metrics
+	// Tracer starts spans around reserve, operation and completion.
+	// Defaults to none.
+	Tracer Tracer
+	// Logger receives the logs. Keys appear only as hashes. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// Clock is the clock of every time decision: the deadlines of store
+	// calls (StoreTimeout), lease renewals (every Lease/3), waits (Wait),
+	// Retry-After and the per-scope key rate. Tests pass an *idemtest.Clock
+	// and move time with its Advance instead of sleeping. Defaults to the
+	// wall clock.
+	Clock Clock
+}
+
+// Config configures the HTTP middleware: the core's settings, embedded as
+// GuardConfig, and those that concern HTTP. A nil *Config means all
+// defaults. Routes that need other settings (a required key, another TTL, a
+// narrowed fingerprint) get their own middleware instance on the same store.
 type Config struct {
+	// GuardConfig holds the settings of the core: TTL, Lease, Wait,
+	// Keyring, Transactional, Metrics, Logger, Clock and the others.
+	GuardConfig
 	// Methods are the covered methods; others pass through untouched.
 	// Defaults to DefaultMethods(Profile): POST and PATCH, and with
 	// ProfileAppstrate POST, PUT, PATCH and DELETE.
@@ -62,8 +149,6 @@ type Config struct {
 	// RequireKey answers 400 key-missing to a covered request without the
 	// header. Defaults to false: such requests pass through unprotected.
 	RequireKey bool
-	// MinKeyLength rejects shorter keys with 400 key-invalid. Defaults to 1.
-	MinKeyLength int
 	// Scope returns the tenant or principal of the request, from
 	// authentication, never from the body. An error answers 401 with the
 	// error's text withheld. Defaults to a single empty scope.
@@ -84,15 +169,6 @@ type Config struct {
 	MetricsEndpoint func(r *http.Request) string
 	// Fingerprint narrows the request fingerprint for JSON bodies.
 	Fingerprint FingerprintConfig
-	// TTL is how long a record is kept. Defaults to 24 hours.
-	TTL time.Duration
-	// Lease is the in-progress lock length; the lease is renewed every
-	// Lease/3 while the handler runs. Defaults to 30 seconds.
-	Lease time.Duration
-	// Wait, when positive, makes a request that finds its key in progress
-	// block up to Wait for the result instead of answering 409 at once.
-	// Defaults to 0.
-	Wait time.Duration
 	// Async answers an in-progress duplicate with 202 Accepted and
 	// Retry-After instead of 409, for routes that process asynchronously.
 	Async bool
@@ -111,91 +187,20 @@ type Config struct {
 	// HTTP/1 and HTTP/2 servers support; with a ResponseWriter that does not,
 	// the body is not bounded. Defaults to 60 seconds.
 	BodyTimeout time.Duration
-	// MaxResponse is the largest response body stored; a larger response is
-	// delivered once and marked not replayable. Defaults to 1 MiB.
-	MaxResponse int64
 	// StoredHeaders is the allow-list of response headers stored for replay.
 	// Set-Cookie, Authorization and hop-by-hop headers are never stored,
 	// whatever the list says. Defaults to DefaultStoredHeaders().
 	StoredHeaders []string
-	// Keyring, when set, encrypts every stored response (header values and
-	// body) at rest with AES-256-GCM under its first key, and opens
-	// responses sealed under any of its keys (package idemcrypt). A record
-	// sealed under a key it does not hold is answered 503
-	// store-unavailable, never replayed. Without a Keyring, responses are
-	// stored in the clear and a sealed record is answered the same way.
-	// Defaults to none.
-	Keyring *idemcrypt.Keyring
-	// EncryptionRequired refuses to replay a stored response that is not
-	// sealed in the current format: one stored in the clear (which anyone
-	// who can write to the store can plant) or sealed by idemcrypt's format
-	// v1 (not bound to the record's fingerprint and creation time). Such a
-	// record is answered 500 response-untrusted and its request is never
-	// run again (not even with FailOpen). Turn it on once `idem keys
-	// rotate-encryption` (idemcrypt.Rotate) has sealed every record. It
-	// needs a Keyring. Defaults to false: such records replay as stored.
-	EncryptionRequired bool
 	// Redact, when set, returns the body to store for replay in place of
 	// body (status and header are those stored; body must not be
 	// modified). It changes what a replay returns: the first answer is
 	// sent unredacted, every replay gets the redacted body. See
 	// RedactJSONFields. Defaults to storing the body as sent.
 	Redact func(r *http.Request, status int, header http.Header, body []byte) []byte
-	// StoreTimeout bounds every store call; a call that takes longer is a
-	// store outage (503 before the handler, a logged failure after it).
-	// Defaults to 2 seconds.
-	StoreTimeout time.Duration
 	// ProblemBaseURI prefixes the problem code to form the problem+json
 	// "type" URI. Defaults to DefaultProblemBaseURI, whose URIs lead to the
 	// README's description of each problem.
 	ProblemBaseURI string
-	// ProblemTypeBase is the former name of ProblemBaseURI, used when
-	// ProblemBaseURI is empty.
-	//
-	// Deprecated: use ProblemBaseURI.
-	ProblemTypeBase string
-	// MaxInProgressPerScope, when positive, answers 429 too-many-keys to a
-	// new key when the scope already has that many requests in progress in
-	// this process. Defaults to 0 (no limit).
-	MaxInProgressPerScope int
-	// NewKeysPerSecondPerScope, when positive, limits the rate of new keys
-	// per scope in this process (burst of the same size); over it the answer
-	// is 429 too-many-keys and nothing is stored. Defaults to 0 (no limit).
-	NewKeysPerSecondPerScope float64
-	// Transactional runs the route in transactional mode (SPEC section 5).
-	// The store must implement idemstore.TxStore (idemsqlite, idempgx,
-	// idemmem); New panics otherwise. The handler gets the business
-	// transaction from the request context (idemsqlite.TxFromContext,
-	// idempgx.TxFromContext, idemmem.TxFromContext); the
-	// key's completion is written in that transaction, which the middleware
-	// commits before it sends the response. A 5xx, 408, 425 or 429 answer, a
-	// panic or a lost lease rolls it back and releases the key; an expired
-	// lease also releases the key, since nothing was committed. Phased
-	// operations (RunPhases) need it. Defaults to false.
-	Transactional bool
-	// FailOpen runs the handler unprotected when the store is unavailable.
-	// For development only: it logs an error on every bypass. Defaults to
-	// false (fail closed with 503 store-unavailable).
-	FailOpen bool
-	// Metrics receives a count of every decision and the store latencies.
-	// Defaults to none.
-	Metrics Metrics
-	// Tracer starts spans around reserve, handler and completion.
-	// Defaults to none.
-	Tracer Tracer
-	// Logger receives the middleware's logs. Keys appear only as hashes.
-	// Defaults to slog.Default().
-	Logger *slog.Logger
-	// Clock is the clock of every time decision the middleware (or a
-	// Guard) makes: the deadlines of store calls (StoreTimeout), lease renewals (every
-	// Lease/3), waits (Wait), Retry-After and the per-scope key rate. Tests
-	// pass an *idemtest.Clock and move time with its Advance instead of
-	// sleeping. Defaults to the wall clock, read through Now.
-	Clock Clock
-	// Now, when Clock is nil, is read for Retry-After and the per-scope key
-	// rate; deadlines, lease renewals and waits then run on the wall clock.
-	// It is ignored when Clock is set. Defaults to time.Now.
-	Now func() time.Time
 }
 
 // Clock tells the time and runs functions after a while on it; the
@@ -220,13 +225,10 @@ type FingerprintConfig struct {
 	Exclude []string
 }
 
-func (c *Config) withDefaults() Config {
-	var cfg Config
+func (c *GuardConfig) withDefaults() GuardConfig {
+	var cfg GuardConfig
 	if c != nil {
 		cfg = *c
-	}
-	if len(cfg.Methods) == 0 {
-		cfg.Methods = DefaultMethods(cfg.Profile)
 	}
 	if cfg.MinKeyLength <= 0 {
 		cfg.MinKeyLength = 1
@@ -237,6 +239,30 @@ func (c *Config) withDefaults() Config {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
+	if cfg.MaxResponse <= 0 {
+		cfg.MaxResponse = 1 << 20
+	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 2 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = nopMetrics{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+func (c *Config) withDefaults() Config {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	cfg.GuardConfig = cfg.GuardConfig.withDefaults()
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = DefaultMethods(cfg.Profile)
+	}
 	if cfg.Profile == "" {
 		cfg.Profile = ProfileIETF
 	}
@@ -246,31 +272,11 @@ func (c *Config) withDefaults() Config {
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
-	if cfg.MaxResponse <= 0 {
-		cfg.MaxResponse = 1 << 20
-	}
 	if cfg.StoredHeaders == nil {
 		cfg.StoredHeaders = DefaultStoredHeaders()
 	}
-	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = 2 * time.Second
-	}
-	if cfg.ProblemBaseURI == "" {
-		cfg.ProblemBaseURI = cfg.ProblemTypeBase
-	}
 	if cfg.ProblemBaseURI == "" {
 		cfg.ProblemBaseURI = DefaultProblemBaseURI
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = nopMetrics{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Clock != nil {
-		cfg.Now = cfg.Clock.Now
-	} else if cfg.Now == nil {
-		cfg.Now = time.Now
 	}
 	return cfg
 }

@@ -26,19 +26,19 @@ type core struct {
 	store   idemstore.Store
 	waiter  idemstore.Waiter  // nil when the store cannot notify
 	txStore idemstore.TxStore // set in transactional mode
-	cfg     Config
+	cfg     GuardConfig
 	log     *slog.Logger
 	hub     hub
 	limits  *scopeLimits
 	timed   bool // Metrics is not the no-op default: time store calls
-	// clock is Config.Clock or the wall clock, and alarms the list of
+	// clock is GuardConfig.Clock or the wall clock, and alarms the list of
 	// alarms on it: store-call deadlines and lease renewals.
 	clock  deadline.Clock
 	alarms *deadline.Alarms
 }
 
 // newCore applies cfg's defaults and wraps store as every adapter uses it.
-func newCore(store idemstore.Store, c *Config) *core {
+func newCore(store idemstore.Store, c *GuardConfig) *core {
 	cfg := c.withDefaults()
 	if cfg.EncryptionRequired && cfg.Keyring == nil {
 		panic("idem: Config.EncryptionRequired needs a Keyring")
@@ -161,7 +161,7 @@ func (v *verdict) runs() bool {
 // the refusals that deserve a line.
 func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 	if c.limits != nil {
-		ok, retry := c.limits.admit(a.id.Scope, c.cfg.Now())
+		ok, retry := c.limits.admit(a.id.Scope, c.clock.Now())
 		if !ok {
 			a.decision(DecisionTooManyKeys)
 			return verdict{d: DecisionTooManyKeys, retry: retry}
@@ -221,7 +221,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 		// store never returns with a matching fingerprint).
 		if c.cfg.Wait <= 0 {
 			a.decision(DecisionInProgress)
-			return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec)}
+			return verdict{d: DecisionInProgress, retry: retryAfter(c.clock.Now(), rec)}
 		}
 		if waitOver == nil {
 			var stop func() bool
@@ -230,10 +230,10 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 		}
 		if !c.wait(ctx, a, rec, waitOver) {
 			if err := ctx.Err(); err != nil {
-				return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec), err: err}
+				return verdict{d: DecisionInProgress, retry: retryAfter(c.clock.Now(), rec), err: err}
 			}
 			a.decision(DecisionInProgress)
-			return verdict{d: DecisionInProgress, retry: retryAfter(c.cfg.Now(), rec)}
+			return verdict{d: DecisionInProgress, retry: retryAfter(c.clock.Now(), rec)}
 		}
 	}
 }

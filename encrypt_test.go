@@ -57,7 +57,7 @@ func storedRecord(t *testing.T, b *testBundle) *idemstore.Record {
 
 func TestKeyringSealsStoredResponses(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1")}}, secretHandler)
 	first := b.do(t, "POST", "key-one", `{"amount":1}`)
 	if first.Code != http.StatusCreated || !strings.Contains(first.Body.String(), secretMarker) {
 		t.Fatalf("first: %d %s", first.Code, first.Body)
@@ -75,7 +75,7 @@ func TestKeyringSealsStoredResponses(t *testing.T) {
 		second.Header().Get("Location") != first.Header().Get("Location") || second.Header().Get(idem.HeaderReplayed) != "true" {
 		t.Fatalf("replay: %d %v %s", second.Code, second.Header(), second.Body)
 	}
-	if second.Header().Get(idemcrypt.HeaderSealed) != "" {
+	if second.Header().Get("Idem-Sealed") != "" {
 		t.Fatal("the replay shows the sealed marker header")
 	}
 	if n := b.calls.Load(); n != 1 {
@@ -101,7 +101,7 @@ func TestKeyringSealsWithoutReading(t *testing.T) {
 	t.Parallel()
 	for _, tx := range []bool{false, true} {
 		store := &getCounter{Store: idemmem.New(nil)}
-		h := idem.New(store, &idem.Config{Keyring: testKeyring(t, "k1"), Transactional: tx})(http.HandlerFunc(secretHandler))
+		h := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1"), Transactional: tx}})(http.HandlerFunc(secretHandler))
 		do := func() *httptest.ResponseRecorder {
 			r := httptest.NewRequest("POST", "/v1/cards", strings.NewReader(`{"amount":1}`))
 			r.Header.Set(idem.HeaderKey, "key-one")
@@ -119,7 +119,7 @@ func TestKeyringSealsWithoutReading(t *testing.T) {
 		if err != nil || len(recs) != 1 {
 			t.Fatalf("KeyList = %v, %v", recs, err)
 		}
-		if v := recs[0].Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 k1" {
+		if v := recs[0].Response.Sealed; v != "v2 k1" {
 			t.Fatalf("transactional %v: stored sealed %q, want v2 k1", tx, v)
 		}
 		if w := do(); w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), secretMarker) {
@@ -139,14 +139,14 @@ func TestSealedRecordWithoutItsKeyIsUnavailable(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			writer := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+			writer := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1")}}, secretHandler)
 			if w := writer.do(t, "POST", "key-one", `{}`); w.Code != http.StatusCreated {
 				t.Fatalf("first: %d", w.Code)
 			}
 			// A second middleware on the same store, without the key.
 			b := setup(t, nil, secretHandler)
 			b.handler = idem.New(writer.store, &idem.Config{
-				Keyring: tt.kr(t), Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Now: b.clock.Now,
+				GuardConfig: idem.GuardConfig{Keyring: tt.kr(t), Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Clock: b.clock},
 			})(http.HandlerFunc(secretHandler))
 			w := b.do(t, "POST", "key-one", `{}`)
 			requireProblem(t, w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
@@ -167,7 +167,7 @@ func TestSealedRecordWithoutItsKeyIsUnavailable(t *testing.T) {
 func TestRedactJSONFields(t *testing.T) {
 	t.Parallel()
 	for _, kr := range []*idemcrypt.Keyring{nil, testKeyring(t, "k1")} {
-		b := setup(t, &idem.Config{Keyring: kr, Redact: idem.RedactJSONFields("token", "card.number", "absent.x")}, secretHandler)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: kr}, Redact: idem.RedactJSONFields("token", "card.number", "absent.x")}, secretHandler)
 		first := b.do(t, "POST", "key-one", `{}`)
 		if !strings.Contains(first.Body.String(), `"tok_`) || !strings.Contains(first.Body.String(), `"number"`) {
 			t.Fatalf("the first answer was redacted: %s", first.Body)
@@ -223,8 +223,7 @@ func TestEncryptionRequiredRefusesUnsealed(t *testing.T) {
 		}
 		b := setup(t, nil, secretHandler)
 		b.handler = idem.New(plain.store, &idem.Config{
-			Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: failOpen,
-			Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Now: b.clock.Now,
+			GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: failOpen, Logger: slog.New(slog.NewTextHandler(b.logs, nil)), Clock: b.clock},
 		})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b.calls.Add(1)
 			secretHandler(w, r)
@@ -260,7 +259,7 @@ func TestEncryptionRequiredNeedsAKeyring(t *testing.T) {
 			t.Fatalf("recover() = %v, want a panic naming EncryptionRequired", r)
 		}
 	}()
-	idem.New(idemmem.New(nil), &idem.Config{EncryptionRequired: true})
+	idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{EncryptionRequired: true}})
 }
 
 // A Guard refuses the same way: ErrResponseUntrusted, the function not run.
@@ -274,7 +273,7 @@ func TestGuardEncryptionRequired(t *testing.T) {
 	if _, _, err := idem.NewGuard(store, nil).Run(ctx, call, fn); err != nil {
 		t.Fatal(err)
 	}
-	g := idem.NewGuard(store, &idem.Config{Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: true})
+	g := idem.NewGuard(store, &idem.GuardConfig{Keyring: testKeyring(t, "k1"), EncryptionRequired: true, FailOpen: true})
 	res, replayed, err := g.Run(ctx, call, fn)
 	var e *idem.Error
 	if !errors.Is(err, idem.ErrResponseUntrusted) || !errors.As(err, &e) || e.Code() != idem.CodeResponseUntrusted || replayed || res.Body != nil {
@@ -289,14 +288,13 @@ func TestGuardEncryptionRequired(t *testing.T) {
 // fail-open switch does not run its request again (503, handler not run).
 func TestSealedRecordWithoutItsKeyNeverFailsOpen(t *testing.T) {
 	t.Parallel()
-	writer := setup(t, &idem.Config{Keyring: testKeyring(t, "k1")}, secretHandler)
+	writer := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1")}}, secretHandler)
 	if w := writer.do(t, "POST", "key-one", `{}`); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
 	}
 	b := setup(t, nil, secretHandler)
 	ran := 0
-	b.handler = idem.New(writer.store, &idem.Config{Keyring: testKeyring(t, "k2"), FailOpen: true, Now: b.clock.Now,
-		Logger: slog.New(slog.NewTextHandler(b.logs, nil))})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b.handler = idem.New(writer.store, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k2"), FailOpen: true, Clock: b.clock, Logger: slog.New(slog.NewTextHandler(b.logs, nil))}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran++
 		secretHandler(w, r)
 	}))

@@ -23,7 +23,7 @@ func TestFingerprintCacheKeepsNoBodyWithKeyring(t *testing.T) {
 		kr      *idemcrypt.Keyring
 		keepsIt bool
 	}{{nil, true}, {kr, false}} {
-		m := newMiddleware(idemmem.New(nil), &Config{Keyring: tt.kr})
+		m := newMiddleware(idemmem.New(nil), &Config{GuardConfig: GuardConfig{Keyring: tt.kr}})
 		body := []byte(`{"card":"4111-SECRET"}`)
 		fp, _ := m.fps.fingerprint("POST", "POST /v1/p", "", "application/json", "", body, FingerprintConfig{})
 		m.fps.remember("POST", "POST /v1/p", "", "application/json", "", body, fp)

@@ -24,16 +24,10 @@ type Guard struct {
 }
 
 // NewGuard returns a Guard on store. A nil cfg means all defaults (see
-// Config). The options that concern a call rather than HTTP apply as they do
-// to the middleware: TTL, Lease, Wait, MinKeyLength, MaxResponse (the
-// largest result body stored), Keyring, StoreTimeout, the per-scope limits,
-// Transactional, FailOpen, Metrics, Tracer, Logger, Clock and Now. The HTTP
-// ones (Methods, RequireKey, Scope, Endpoint, Fingerprint, Async, MaxBody,
-// BodyTimeout, StoredHeaders, Redact, Profile, the problem URIs) are ignored:
-// the adapter supplies the identity, the fingerprint and the encoding. Like
-// New, it panics when Config.Transactional is set and store does not
-// implement idemstore.TxStore.
-func NewGuard(store idemstore.Store, cfg *Config) *Guard {
+// GuardConfig); the adapter supplies the identity, the fingerprint and the
+// encoding of each call. Like New, it panics when cfg.Transactional is set
+// and store does not implement idemstore.TxStore.
+func NewGuard(store idemstore.Store, cfg *GuardConfig) *Guard {
 	return &Guard{c: newCore(store, cfg)}
 }
 

@@ -27,7 +27,7 @@ type guardBundle struct {
 	logs  *syncBuffer
 }
 
-func setupGuard(t *testing.T, cfg idem.Config) *guardBundle {
+func setupGuard(t *testing.T, cfg idem.GuardConfig) *guardBundle {
 	t.Helper()
 	b := &guardBundle{clock: newTestClock(), logs: &syncBuffer{}}
 	b.store = newFaultStore(idemmem.New(&idemmem.Config{Now: b.clock.Now}))
@@ -92,7 +92,7 @@ func (b *guardBundle) state(t *testing.T, call idem.Call) idemstore.State {
 func TestGuardHeartbeat(t *testing.T) {
 	t.Parallel()
 	const lease = 30 * time.Second
-	b := setupGuard(t, idem.Config{Lease: lease})
+	b := setupGuard(t, idem.GuardConfig{Lease: lease})
 	var beats atomic.Int64
 	beat := make(chan struct{}, 16)
 	call := callOne
@@ -129,7 +129,7 @@ func TestGuardHeartbeat(t *testing.T) {
 
 func TestGuardCompletesAndReplays(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	first, replayed, err := b.run(callOne, okResult)
 	if err != nil || replayed {
 		t.Fatalf("first run: replayed %v, %v", replayed, err)
@@ -157,7 +157,7 @@ func TestGuardCompletesAndReplays(t *testing.T) {
 
 func TestGuardZeroStatusIs200(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	b.run(callOne, func(context.Context) (idem.Result, error) { return idem.Result{Body: []byte("x")}, nil })
 	res, replayed, err := b.run(callOne, okResult)
 	if err != nil || !replayed || res.Status != 200 || string(res.Body) != "x" {
@@ -201,7 +201,7 @@ func TestGuardAfterFunction(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setupGuard(t, idem.Config{MaxResponse: 10})
+			b := setupGuard(t, idem.GuardConfig{MaxResponse: 10})
 			if _, _, err := b.run(callOne, tc.fn); !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 				t.Fatalf("Run: %v, want %v", err, tc.wantErr)
 			}
@@ -221,7 +221,7 @@ func TestGuardAfterFunction(t *testing.T) {
 
 func TestGuardPanicMarksUnknown(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	func() {
 		defer func() {
 			if v := recover(); v != "boom" {
@@ -240,7 +240,7 @@ func TestGuardPanicMarksUnknown(t *testing.T) {
 
 func TestGuardRefusals(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	b.run(callOne, okResult)
 	other := callOne
 	other.Fingerprint = "fp-2"
@@ -260,7 +260,7 @@ func TestGuardRefusals(t *testing.T) {
 			t.Errorf("key %q: %v, want ErrKeyInvalid", key, err)
 		}
 	}
-	short := setupGuard(t, idem.Config{MinKeyLength: 16})
+	short := setupGuard(t, idem.GuardConfig{MinKeyLength: 16})
 	if _, _, err := short.run(callOne, okResult); !errors.Is(err, idem.ErrKeyInvalid) {
 		t.Errorf("short key: %v, want ErrKeyInvalid", err)
 	}
@@ -274,7 +274,7 @@ func TestGuardRefusals(t *testing.T) {
 
 func TestGuardStoreUnavailable(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	b.store.failReserve.Store(true)
 	_, _, err := b.run(callOne, okResult)
 	var ie *idem.Error
@@ -285,7 +285,7 @@ func TestGuardStoreUnavailable(t *testing.T) {
 		t.Fatal("the function ran unprotected")
 	}
 
-	open := setupGuard(t, idem.Config{FailOpen: true})
+	open := setupGuard(t, idem.GuardConfig{FailOpen: true})
 	open.store.failReserve.Store(true)
 	if _, _, err := open.run(callOne, okResult); err != nil || open.runs.Load() != 1 {
 		t.Fatalf("fail-open: %v, %d runs", err, open.runs.Load())
@@ -300,7 +300,7 @@ func TestGuardStoreUnavailable(t *testing.T) {
 // not acknowledge), and the record turns unknown, never re-run.
 func TestGuardNotRecorded(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{Lease: 30 * time.Second})
+	b := setupGuard(t, idem.GuardConfig{Lease: 30 * time.Second})
 	b.store.failComplete.Store(true)
 	res, _, err := b.run(callOne, okResult)
 	if !errors.Is(err, idem.ErrNotRecorded) || res.Status != 201 {
@@ -318,7 +318,7 @@ func TestGuardNotRecorded(t *testing.T) {
 
 func TestGuardContext(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{})
+	b := setupGuard(t, idem.GuardConfig{})
 	b.run(callOne, func(ctx context.Context) (idem.Result, error) {
 		if k, ok := idem.KeyFromContext(ctx); !ok || k != "key-one" {
 			t.Errorf("KeyFromContext: %q, %v", k, ok)
@@ -340,7 +340,7 @@ func TestGuardContext(t *testing.T) {
 // ends gets ErrInProgress with the context's error.
 func TestGuardWaitGivesUp(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{Wait: time.Minute})
+	b := setupGuard(t, idem.GuardConfig{Wait: time.Minute})
 	release := b.hold(callOne)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -353,7 +353,7 @@ func TestGuardWaitGivesUp(t *testing.T) {
 
 func TestGuardTooManyKeys(t *testing.T) {
 	t.Parallel()
-	b := setupGuard(t, idem.Config{MaxInProgressPerScope: 1})
+	b := setupGuard(t, idem.GuardConfig{MaxInProgressPerScope: 1})
 	release := b.hold(callOne)
 	other := callOne
 	other.Key = "key-two"
@@ -372,7 +372,7 @@ func TestGuardMetricsAndTracing(t *testing.T) {
 	t.Parallel()
 	m := &countingMetrics{decisions: map[idem.Decision]int{}, ops: map[string]int{}}
 	tr := &recordingTracer{attrs: map[string]string{}}
-	b := setupGuard(t, idem.Config{Metrics: m, Tracer: tr})
+	b := setupGuard(t, idem.GuardConfig{Metrics: m, Tracer: tr})
 	b.run(callOne, func(context.Context) (idem.Result, error) { return idem.Result{}, errors.New("no") }) // created, released
 	b.run(callOne, okResult)                                                                              // released_retried, completed
 	b.run(callOne, okResult)                                                                              // replayed

@@ -181,7 +181,7 @@ func TestHangUpDuringOversizeAnswer(t *testing.T) {
 		t.Run(fmt.Sprintf("abort=%v", abort), func(t *testing.T) {
 			t.Parallel()
 			writeErr := make(chan error, 1)
-			b := hangupSetup(t, &idem.Config{MaxResponse: 2048}, func(w http.ResponseWriter, r *http.Request) {
+			b := hangupSetup(t, &idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 2048}}, func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusCreated)
 				err := writeUntilError(w)
 				writeErr <- err
@@ -300,7 +300,7 @@ func TestHangUpWhileHandlerRuns(t *testing.T) {
 func TestHangUpDuringReplay(t *testing.T) {
 	t.Parallel()
 	big := strings.Repeat("r", 8<<20)
-	b := hangupSetup(t, &idem.Config{MaxResponse: 16 << 20}, func(w http.ResponseWriter, r *http.Request) {
+	b := hangupSetup(t, &idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 16 << 20}}, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, big)
 	})
@@ -325,7 +325,7 @@ func TestHangUpDuringReplay(t *testing.T) {
 func TestHangUpWhileWaiting(t *testing.T) {
 	t.Parallel()
 	arrived, proceed := make(chan struct{}), make(chan struct{})
-	b := hangupSetup(t, &idem.Config{Wait: 30 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+	b := hangupSetup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: 30 * time.Second}}, func(w http.ResponseWriter, r *http.Request) {
 		close(arrived)
 		<-proceed
 		w.WriteHeader(http.StatusCreated)
@@ -438,7 +438,7 @@ func TestAbortWithClientPresentIsUnknown(t *testing.T) {
 func TestPanicAfterHangUpIsUnknown(t *testing.T) {
 	t.Parallel()
 	panicked := make(chan struct{})
-	b := hangupSetup(t, &idem.Config{MaxResponse: 2048}, func(w http.ResponseWriter, r *http.Request) {
+	b := hangupSetup(t, &idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 2048}}, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		if writeUntilError(w) == nil {
 			t.Error("writes to a reset connection kept succeeding")
@@ -473,7 +473,7 @@ func TestPanicAfterHangUpIsUnknown(t *testing.T) {
 func TestHangUpDuringOversizeAnswerTransactional(t *testing.T) {
 	t.Parallel()
 	store := idemmem.New(nil)
-	b := hangupSetupStore(t, store, &idem.Config{Transactional: true, MaxResponse: 2048}, func(w http.ResponseWriter, r *http.Request) {
+	b := hangupSetupStore(t, store, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true, MaxResponse: 2048}}, func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idemmem.TxFromContext(r.Context())
 		if err != nil {
 			t.Error(err)

@@ -37,13 +37,15 @@ func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
 // problems and replays.
 type middleware struct {
 	*core
+	cfg     Config          // with its defaults; the core has its GuardConfig
 	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	fps     fpCache
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
-	m := &middleware{core: newCore(store, c), stored: make(map[string]bool)}
+	full := c.withDefaults()
+	m := &middleware{core: newCore(store, &full.GuardConfig), cfg: full, stored: make(map[string]bool)}
 	cfg := &m.cfg
 	m.fps.digest = cfg.Keyring != nil
 	for _, meth := range cfg.Methods {

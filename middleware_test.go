@@ -42,7 +42,7 @@ func setup(t *testing.T, cfg *idem.Config, h http.HandlerFunc) *testBundle {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Clock == nil && c.Now == nil {
+	if c.Clock == nil {
 		c.Clock = b.clock
 	}
 	c.Logger = slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -206,7 +206,7 @@ func TestBadKeys(t *testing.T) {
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &idem.Config{MinKeyLength: 8}, nil)
+			b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{MinKeyLength: 8}}, nil)
 			r := httptest.NewRequest("POST", "/v1/things", strings.NewReader("{}"))
 			for _, v := range values {
 				r.Header.Add("Idempotency-Key", v)
@@ -398,7 +398,7 @@ func TestNotReplayable(t *testing.T) {
 	t.Run("over the response limit", func(t *testing.T) {
 		t.Parallel()
 		big := strings.Repeat("z", 100)
-		b := setup(t, &idem.Config{MaxResponse: 64}, func(w http.ResponseWriter, r *http.Request) {
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 64}}, func(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, big[:50])
 			io.WriteString(w, big[50:])
 		})
@@ -445,7 +445,7 @@ func TestInProgress(t *testing.T) {
 	t.Run("409 with Retry-After", func(t *testing.T) {
 		t.Parallel()
 		started, release, h := gate()
-		b := setup(t, &idem.Config{Lease: 30 * time.Second}, h)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Lease: 30 * time.Second}}, h)
 		go b.do(t, "POST", "key-one", "{}")
 		<-started
 		b.clock.Advance(5 * time.Second)
@@ -470,7 +470,7 @@ func TestInProgress(t *testing.T) {
 	t.Run("wait mode gets the result", func(t *testing.T) {
 		t.Parallel()
 		started, release, h := gate()
-		b := setup(t, &idem.Config{Wait: time.Minute}, h)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: time.Minute}}, h)
 		go b.do(t, "POST", "key-one", "{}")
 		<-started
 		done := make(chan *httptest.ResponseRecorder)
@@ -493,7 +493,7 @@ func TestInProgress(t *testing.T) {
 		started, release, h := gate()
 		defer close(release)
 		const wait = 5 * time.Second
-		b := setup(t, &idem.Config{Wait: wait}, h)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: wait}}, h)
 		go b.do(t, "POST", "key-one", "{}")
 		<-started // its lease renewal is the clock's first timer
 		waiter := b.goDo(t, "POST", "key-one", "{}")
@@ -526,7 +526,7 @@ func TestWaitEndedByContext(t *testing.T) {
 			t.Parallel()
 			started, release, h := gate()
 			defer close(release)
-			b := setup(t, &idem.Config{Wait: time.Minute}, h)
+			b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: time.Minute}}, h)
 			go b.do(t, "POST", "key-one", "{}")
 			<-started // its lease renewal is the clock's first timer
 			ctx, cancel := context.WithCancelCause(context.Background())
@@ -550,7 +550,7 @@ func TestWaitEndedByContext(t *testing.T) {
 	t.Run("store fails during the wait", func(t *testing.T) {
 		t.Parallel()
 		started, release, h := gate()
-		b := setup(t, &idem.Config{Wait: time.Minute}, h)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: time.Minute}}, h)
 		first := b.goDo(t, "POST", "key-one", "{}")
 		<-started
 		waiter := b.goDo(t, "POST", "key-one", "{}")
@@ -572,7 +572,7 @@ func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
 	t.Parallel()
 	started, release, h := gate()
 	const lease = 30 * time.Second
-	b := setup(t, &idem.Config{Lease: lease}, h)
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Lease: lease}}, h)
 	first := b.goDo(t, "POST", "key-one", "{}")
 	<-started
 	id := idemstore.Identity{Endpoint: "POST /v1/things", Key: "key-one"}
@@ -614,7 +614,7 @@ func TestExpiredLeaseBecomesUnknown(t *testing.T) {
 	t.Parallel()
 	// The completion fails (store down after the handler ran): the record
 	// stays in progress until its lease expires, then answers unknown.
-	b := setup(t, &idem.Config{Lease: 10 * time.Second}, nil)
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Lease: 10 * time.Second}}, nil)
 	b.store.failComplete.Store(true)
 	if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 {
 		t.Fatalf("the client must still get the handler's answer: %d", w.Code)
@@ -664,7 +664,7 @@ func TestStoreOutage(t *testing.T) {
 	})
 	t.Run("complete timeout", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, &idem.Config{StoreTimeout: 50 * time.Millisecond}, nil)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{StoreTimeout: 50 * time.Millisecond}}, nil)
 		b.store.hangComplete.Store(true)
 		res := b.goDo(t, "POST", "key-one", "{}")
 		if w := b.expireHungCall(t, res, 50*time.Millisecond); w.Code != 201 {
@@ -678,7 +678,7 @@ func TestStoreOutage(t *testing.T) {
 	})
 	t.Run("fail open", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, &idem.Config{FailOpen: true}, nil)
+		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{FailOpen: true}}, nil)
 		b.store.failReserve.Store(true)
 		if w := b.do(t, "POST", "key-one", "{}"); w.Code != 201 || b.calls.Load() != 1 {
 			t.Fatalf("fail-open: %d", w.Code)
@@ -730,7 +730,7 @@ func TestIsolation(t *testing.T) {
 
 func TestScopeLimits(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &idem.Config{NewKeysPerSecondPerScope: 2}, nil)
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{NewKeysPerSecondPerScope: 2}}, nil)
 	b.do(t, "POST", "k1", "{}")
 	b.do(t, "POST", "k2", "{}")
 	w := b.do(t, "POST", "k3", "{}")
@@ -1002,7 +1002,7 @@ func TestMetricsDecisions(t *testing.T) {
 	t.Parallel()
 	m := &countingMetrics{decisions: map[idem.Decision]int{}, ops: map[string]int{}}
 	status := 500
-	b := setup(t, &idem.Config{Metrics: m}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) })
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Metrics: m}}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) })
 	b.do(t, "POST", "key-one", "{}") // created, released
 	status = 201
 	b.do(t, "POST", "key-one", "{}") // released_retried, completed
@@ -1055,7 +1055,7 @@ func (s *recordingSpan) End(err error) {
 func TestTracing(t *testing.T) {
 	t.Parallel()
 	tr := &recordingTracer{attrs: map[string]string{}}
-	b := setup(t, &idem.Config{Tracer: tr}, nil)
+	b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Tracer: tr}}, nil)
 	b.do(t, "POST", "key-one", "{}")
 	want := []string{"idem.reserve", "idem.handler", "idem.complete", "idem.request"}
 	if fmt.Sprint(tr.spans) != fmt.Sprint(want) {

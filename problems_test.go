@@ -14,7 +14,7 @@ import (
 )
 
 // Problem "type" URIs lead to the README's table by default, and follow
-// Config.ProblemBaseURI (or its former name) when set.
+// Config.ProblemBaseURI when set.
 func TestProblemBaseURI(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -24,8 +24,6 @@ func TestProblemBaseURI(t *testing.T) {
 	}{
 		{"default", idem.Config{}, "https://github.com/idem-dev/idem#problem-key-reused"},
 		{"ProblemBaseURI", idem.Config{ProblemBaseURI: "https://api.example.com/problems/"}, "https://api.example.com/problems/key-reused"},
-		{"ProblemTypeBase", idem.Config{ProblemTypeBase: "urn:old:"}, "urn:old:key-reused"},
-		{"both", idem.Config{ProblemBaseURI: "urn:new:", ProblemTypeBase: "urn:old:"}, "urn:new:key-reused"},
 	}
 	for _, tt := range tests {
 		b := setup(t, &tt.cfg, nil)
@@ -112,7 +110,7 @@ func TestStripeProfileAnswersInStripeShape(t *testing.T) {
 		{name: "key missing", cfg: stripe(idem.Config{RequireKey: true}),
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder { return b.do(t, "POST", "", "{}") },
 			status: 400, typ: "idempotency_error", code: "key-missing", shouldRetry: "false"},
-		{name: "key invalid", cfg: stripe(idem.Config{MinKeyLength: 16}),
+		{name: "key invalid", cfg: stripe(idem.Config{GuardConfig: idem.GuardConfig{MinKeyLength: 16}}),
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder { return b.do(t, "POST", "key-one", "{}") },
 			status: 400, typ: "idempotency_error", code: "key-invalid", shouldRetry: "false"},
 		{name: "key reused", cfg: stripe(idem.Config{}),
@@ -137,7 +135,7 @@ func TestStripeProfileAnswersInStripeShape(t *testing.T) {
 				return b.do(t, "POST", "key-one", "{}")
 			},
 			status: 409, typ: "idempotency_error", code: "outcome-unknown", shouldRetry: "false", retryAfter: true},
-		{name: "not replayable", cfg: stripe(idem.Config{MaxResponse: 4}),
+		{name: "not replayable", cfg: stripe(idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 4}}),
 			handler: func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "a long answer") },
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder {
 				b.do(t, "POST", "key-one", "{}")
@@ -152,7 +150,7 @@ func TestStripeProfileAnswersInStripeShape(t *testing.T) {
 		{name: "unauthorized", cfg: stripe(idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New("no tenant") }}),
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder { return b.do(t, "POST", "key-one", "{}") },
 			status: 401, typ: "invalid_request_error", code: "unauthorized", shouldRetry: "false"},
-		{name: "too many keys", cfg: stripe(idem.Config{NewKeysPerSecondPerScope: 1}),
+		{name: "too many keys", cfg: stripe(idem.Config{GuardConfig: idem.GuardConfig{NewKeysPerSecondPerScope: 1}}),
 			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder {
 				b.do(t, "POST", "k1", "{}")
 				return b.do(t, "POST", "k2", "{}")

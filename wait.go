@@ -31,7 +31,7 @@ func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, wait
 	// wall clock, not Config.Clock: a re-read decides nothing (the bound is
 	// waitOver), and on a test clock that nobody moves a missed wake-up
 	// would wait for ever.
-	poll := time.NewTimer(min(time.Duration(retryAfter(c.cfg.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
+	poll := time.NewTimer(min(time.Duration(retryAfter(c.clock.Now(), rec))*time.Second/4, c.cfg.Lease/3, time.Second))
 	defer poll.Stop()
 	select {
 	case <-ch.c:

@@ -118,7 +118,7 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 	for _, bc := range benchStores {
 		b.Run(bc.name, func(b *testing.B) {
 			var runs atomic.Int32
-			mw := idem.New(bc.wrap(b, newPgStore(b)), &idem.Config{Logger: discardLogger()})(paymentHandler(&runs))
+			mw := idem.New(bc.wrap(b, newPgStore(b)), &idem.Config{GuardConfig: idem.GuardConfig{Logger: discardLogger()}})(paymentHandler(&runs))
 			var n atomic.Int64
 			b.SetParallelism(benchParallelism)
 			b.ReportAllocs()
@@ -144,7 +144,7 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 // replays it in parallel.
 func benchReplay(b *testing.B, store idemstore.Store) {
 	var runs atomic.Int32
-	mw := idem.New(store, &idem.Config{Logger: discardLogger()})(paymentHandler(&runs))
+	mw := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: discardLogger()}})(paymentHandler(&runs))
 	const body = `{"amount":1000,"currency":"eur"}`
 	do := func() *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(body))

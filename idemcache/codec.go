@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // codecVersion is the first byte of every encoded record. A cache entry of
@@ -57,15 +58,17 @@ func encodeRecord(dst []byte, r *idemstore.Record) []byte {
 		return dst
 	}
 	dst = binary.AppendVarint(dst, int64(r.Response.Status))
+	// A sealed response's seal travels as the stores keep it, as a header.
+	header := neverstored.Pack(r.Response.Header, r.Response.Sealed)
 	// Sorted names, so equal records encode equally.
-	names := make([]string, 0, len(r.Response.Header))
-	for name := range r.Response.Header {
+	names := make([]string, 0, len(header))
+	for name := range header {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	dst = binary.AppendUvarint(dst, uint64(len(names)))
 	for _, name := range names {
-		vs := r.Response.Header[name]
+		vs := header[name]
 		dst = appendString(dst, name)
 		dst = binary.AppendUvarint(dst, uint64(len(vs)))
 		for _, v := range vs {
@@ -125,6 +128,7 @@ func decodeRecord(b []byte) (*idemstore.Record, error) {
 				}
 				resp.Header[name] = vs
 			}
+			resp.Header, resp.Sealed = neverstored.Unpack(resp.Header)
 		}
 		resp.Body = d.bytes()
 		r.Response = resp

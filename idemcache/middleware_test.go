@@ -119,7 +119,7 @@ func TestMiddlewareRedisKilled(t *testing.T) {
 	// Backoff -1: every request tries the dead cache, the hardest case.
 	store := New(inner, NewRedis(client, "idemcache:"), &Config{Backoff: -1, Logger: discardLogger()})
 	var runs atomic.Int32
-	srv := httptest.NewServer(idem.New(store, &idem.Config{Logger: discardLogger()})(paymentHandler(&runs)))
+	srv := httptest.NewServer(idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: discardLogger()}})(paymentHandler(&runs)))
 	t.Cleanup(srv.Close)
 
 	const body = `{"amount":1000}`
@@ -205,7 +205,7 @@ func TestMiddlewareTransactional(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, id)
 	})
-	srv := httptest.NewServer(idem.New(store, &idem.Config{Transactional: true, Logger: discardLogger()})(handler))
+	srv := httptest.NewServer(idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true, Logger: discardLogger()}})(handler))
 	t.Cleanup(srv.Close)
 	const body = `{"amount":1000}`
 

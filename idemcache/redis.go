@@ -74,8 +74,10 @@ func (c *Redis) Set(ctx context.Context, rec *idemstore.Record) error {
 	if rec.ExpiresAt.UnixMilli() <= 0 {
 		return errors.New("setting cached record: no expiry")
 	}
-	// PXAT, or EXAT for whole seconds: never later than ExpiresAt.
-	err := c.client.SetArgs(ctx, c.key(rec.Identity), encodeRecord(nil, rec), redis.SetArgs{ExpireAt: rec.ExpiresAt}).Err()
+	// PXAT at ExpiresAt's millisecond, never later than ExpiresAt. Sent as
+	// it is: go-redis's SetArgs.ExpireAt sends whole seconds (EXAT) before
+	// v9.23.
+	err := c.client.Do(ctx, "SET", c.key(rec.Identity), encodeRecord(nil, rec), "PXAT", rec.ExpiresAt.UnixMilli()).Err()
 	if err != nil {
 		return fmt.Errorf("setting cached record: %w", err)
 	}

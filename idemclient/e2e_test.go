@@ -59,7 +59,7 @@ func (l *ledger) executions(key string) []int64 {
 func newIdemServer(t *testing.T, drop func(n int64) bool) (*ledger, *faultProxy) {
 	t.Helper()
 	l := &ledger{byKey: map[string][]int64{}}
-	mw := idem.New(idemmem.New(nil), &idem.Config{Logger: slog.New(slog.DiscardHandler)})
+	mw := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: slog.New(slog.DiscardHandler)}})
 	srv := httptest.NewServer(mw(l))
 	t.Cleanup(srv.Close)
 	return l, newFaultProxy(t, srv.Listener.Addr().String(), drop)
@@ -244,7 +244,7 @@ func TestTimeoutThenKeyInUseThenReplay(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "charged once")
 	})
-	srv := httptest.NewServer(idem.New(idemmem.New(nil), &idem.Config{Logger: slog.New(slog.DiscardHandler)})(handler))
+	srv := httptest.NewServer(idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: slog.New(slog.DiscardHandler)}})(handler))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() {
 		select {

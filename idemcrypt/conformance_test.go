@@ -79,7 +79,7 @@ func TestRotateUpgradesV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := raw.Response.Header.Get(idemcrypt.HeaderSealed); v != "v2 legacy" {
+	if v := raw.Response.Sealed; v != "v2 legacy" {
 		t.Fatalf("after rotation the record is sealed %q, want v2 legacy", v)
 	}
 	got, err := idemcrypt.New(store, kr).KeyGet(ctx, legacyID)
@@ -143,7 +143,7 @@ func TestRequired(t *testing.T) {
 		t.Fatalf("KeyList = %d records, %v; want 3", len(recs), err)
 	}
 	for _, r := range recs {
-		if r.Identity == legacyID && r.Response.Header.Get(idemcrypt.HeaderSealed) != "v1 legacy" {
+		if r.Identity == legacyID && r.Response.Sealed != "v1 legacy" {
 			t.Fatalf("KeyList changed the refused v1 record: %+v", r.Response)
 		}
 	}

@@ -25,7 +25,7 @@ func ExampleNew() {
 		panic(err)
 	}
 	inner := idemmem.New(nil)
-	h := idem.New(inner, &idem.Config{Keyring: kr})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.New(inner, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: kr}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(`{"card_last4":"4242"}`))
 	}))

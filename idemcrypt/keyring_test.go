@@ -133,7 +133,7 @@ func TestSealOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sealed.Status != 201 || len(sealed.Header) != 1 || sealed.Header.Get(idemcrypt.HeaderSealed) != "v2 k1" ||
+	if sealed.Status != 201 || len(sealed.Header) != 0 || sealed.Sealed != "v2 k1" ||
 		bytes.Contains(sealed.Body, []byte("secret")) {
 		t.Fatalf("sealed = %+v", sealed)
 	}
@@ -226,7 +226,7 @@ func legacyResponse(t *testing.T) *idemstore.Response {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &idemstore.Response{Status: 201, Header: http.Header{idemcrypt.HeaderSealed: {"v1 legacy"}}, Body: body}
+	return &idemstore.Response{Status: 201, Sealed: "v1 legacy", Body: body}
 }
 
 func TestOpenV1(t *testing.T) {
@@ -260,18 +260,18 @@ func TestOpenV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed.Header.Set(idemcrypt.HeaderSealed, "v1 legacy")
+	sealed.Sealed = "v1 legacy"
 	if _, err := kr.Open(b, sealed); !errors.Is(err, idemcrypt.ErrOpen) {
 		t.Fatalf("v2 relabelled v1: %v, want ErrOpen", err)
 	}
 	up := legacyResponse(t)
-	up.Header.Set(idemcrypt.HeaderSealed, "v2 legacy")
+	up.Sealed = "v2 legacy"
 	if _, err := kr.Open(b, up); !errors.Is(err, idemcrypt.ErrOpen) {
 		t.Fatalf("v1 relabelled v2: %v, want ErrOpen", err)
 	}
 	// An unknown format is not a sealed response.
 	v3 := legacyResponse(t)
-	v3.Header.Set(idemcrypt.HeaderSealed, "v3 legacy")
+	v3.Sealed = "v3 legacy"
 	if _, ok := idemcrypt.SealedBy(v3); ok {
 		t.Fatal("SealedBy accepts format v3")
 	}

@@ -5,21 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
-	"github.com/idem-dev/idem/internal/neverstored"
 )
-
-// HeaderSealed is the one header of a sealed response as stored: its value
-// is "v2 NAME" (or "v1 NAME" for a response sealed before version 2), the
-// format and the name of the key that sealed it. The middleware and the
-// reconciler by URL never store a response header of this name
-// (internal/neverstored).
-const HeaderSealed = neverstored.Sealed
 
 // The formats of a sealed response. Both open; Seal writes formatV2.
 //
@@ -86,16 +77,13 @@ func SealedBy(resp *idemstore.Response) (name string, sealed bool) {
 	return name, sealed
 }
 
-// sealedFormat returns the format and the key name of a sealed response.
+// sealedFormat returns the format and the key name of a sealed response
+// (idemstore.Response.Sealed: "v2 NAME").
 func sealedFormat(resp *idemstore.Response) (format, name string, sealed bool) {
-	if resp == nil || len(resp.Header) != 1 {
+	if resp == nil || resp.Sealed == "" {
 		return "", "", false
 	}
-	vs := resp.Header[HeaderSealed]
-	if len(vs) != 1 {
-		return "", "", false
-	}
-	format, name, ok := strings.Cut(vs[0], " ")
+	format, name, ok := strings.Cut(resp.Sealed, " ")
 	if !ok || (format != formatV1 && format != formatV2) || validName(name) != nil {
 		return "", "", false
 	}
@@ -109,7 +97,8 @@ func current(resp *idemstore.Response) bool {
 }
 
 // Seal returns resp sealed for the record b under the keyring's first key:
-// the same Status (stored in the clear), a header of HeaderSealed only, and
+// the same Status (stored in the clear), no header, Sealed naming the format
+// and the key, and
 // a body of a random 12-byte nonce followed by the AES-256-GCM encryption
 // of the headers and the body. The additional authenticated data is b (the
 // record's identity, fingerprint and creation time), the status and the key
@@ -141,7 +130,7 @@ func (kr *Keyring) Seal(b Binding, resp *idemstore.Response) (*idemstore.Respons
 	body := aead.Seal(out[:ns], out[:ns], plain, ad)
 	return &idemstore.Response{
 		Status: resp.Status,
-		Header: http.Header{HeaderSealed: {formatV2 + " " + kr.primary}},
+		Sealed: formatV2 + " " + kr.primary,
 		Body:   body,
 	}, nil
 }

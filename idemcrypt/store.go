@@ -8,11 +8,11 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// Store is the encrypting wrapper: an idemstore.Store that seals every
+// sealingStore is the encrypting wrapper: an idemstore.Store that seals every
 // response it is given to store and opens every response it returns. New
 // returns it, or a value embedding it that also implements
 // idemstore.Waiter and idemstore.TxStore when the wrapped store does.
-type Store struct {
+type sealingStore struct {
 	inner    idemstore.Store
 	kr       *Keyring
 	required bool
@@ -36,8 +36,8 @@ type Config struct {
 }
 
 var (
-	_ idemstore.Store    = (*Store)(nil)
-	_ idemstore.Resealer = (*Store)(nil)
+	_ idemstore.Store    = (*sealingStore)(nil)
+	_ idemstore.Resealer = (*sealingStore)(nil)
 )
 
 // New returns store with every stored response sealed under kr's first key
@@ -66,7 +66,7 @@ func NewWithConfig(store idemstore.Store, cfg *Config) idemstore.Store {
 	if cfg != nil {
 		c = *cfg
 	}
-	s := &Store{inner: store, kr: c.Keyring, required: c.Required}
+	s := &sealingStore{inner: store, kr: c.Keyring, required: c.Required}
 	w, isWaiter := store.(idemstore.Waiter)
 	ts, isTx := store.(idemstore.TxStore)
 	switch {
@@ -82,7 +82,7 @@ func NewWithConfig(store idemstore.Store, cfg *Config) idemstore.Store {
 
 type beginner struct {
 	ts idemstore.TxStore
-	s  *Store
+	s  *sealingStore
 }
 
 // KeyBeginTx begins a transaction of the wrapped store whose completions
@@ -97,7 +97,7 @@ func (b beginner) KeyBeginTx(ctx context.Context) (idemstore.Tx, error) {
 
 type sealingTx struct {
 	idemstore.Tx
-	s *Store
+	s *sealingStore
 }
 
 // KeyComplete seals the response and completes in the transaction.
@@ -110,17 +110,17 @@ func (t *sealingTx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams
 }
 
 type waiterStore struct {
-	*Store
+	*sealingStore
 	idemstore.Waiter
 }
 
 type txStore struct {
-	*Store
+	*sealingStore
 	beginner
 }
 
 type txWaiterStore struct {
-	*Store
+	*sealingStore
 	idemstore.Waiter
 	beginner
 }
@@ -133,15 +133,15 @@ var (
 )
 
 // Unwrap returns the wrapped store.
-func (s *Store) Unwrap() idemstore.Store { return s.inner }
+func (s *sealingStore) Unwrap() idemstore.Store { return s.inner }
 
 // Keyring returns the keyring (nil when there is none).
-func (s *Store) Keyring() *Keyring { return s.kr }
+func (s *sealingStore) Keyring() *Keyring { return s.kr }
 
 // open returns rec with its response opened: rec itself when the response
 // is not sealed, else a copy (rec may be shared, see
 // idemstore.ReserveResult).
-func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
+func (s *sealingStore) open(rec *idemstore.Record) (*idemstore.Record, error) {
 	if rec == nil || rec.Response == nil {
 		return rec, nil
 	}
@@ -166,7 +166,7 @@ func (s *Store) open(rec *idemstore.Record) (*idemstore.Record, error) {
 // seal returns resp sealed for the record that a write fenced on (id,
 // token) stores it on, or resp when there is no keyring. rec is the record
 // as the caller reserved or read it, or nil.
-func (s *Store) seal(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record, resp *idemstore.Response) (*idemstore.Response, error) {
+func (s *sealingStore) seal(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record, resp *idemstore.Response) (*idemstore.Response, error) {
 	if s.kr == nil || resp == nil {
 		return resp, nil
 	}
@@ -186,7 +186,7 @@ func (s *Store) seal(ctx context.Context, id idemstore.Identity, token string, r
 // the record's as the store holds it (one read more). When the store holds
 // no record of that token, the write that follows fails on its fencing
 // whatever it carries, so the binding of what the store holds will do.
-func (s *Store) binding(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record) (Binding, error) {
+func (s *sealingStore) binding(ctx context.Context, id idemstore.Identity, token string, rec *idemstore.Record) (Binding, error) {
 	if rec != nil && rec.Identity == id && rec.Token == token {
 		return BindingOf(rec), nil
 	}
@@ -200,7 +200,7 @@ func (s *Store) binding(ctx context.Context, id idemstore.Identity, token string
 	return BindingOf(cur), nil
 }
 
-func (s *Store) sealComplete(ctx context.Context, p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
+func (s *sealingStore) sealComplete(ctx context.Context, p *idemstore.CompleteParams) (*idemstore.CompleteParams, error) {
 	if s.kr == nil || p.Response == nil || p.NotReplayable {
 		return p, nil
 	}
@@ -226,7 +226,7 @@ type invalidator interface {
 // a cache sits below (idemcache), it may hold a copy sealed under a key
 // since retired by rotation, or from before rotation sealed it: the copy
 // is dropped and the store asked once more.
-func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+func (s *sealingStore) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	res, err := s.inner.KeyReserve(ctx, p)
 	if err != nil {
 		return nil, err
@@ -250,7 +250,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 }
 
 // KeyGet returns the wrapped store's record with its response opened.
-func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
+func (s *sealingStore) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
 	rec, err := s.inner.KeyGet(ctx, id)
 	if err != nil {
 		return nil, err
@@ -259,7 +259,7 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 }
 
 // KeyComplete seals the response and completes through the wrapped store.
-func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+func (s *sealingStore) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	q, err := s.sealComplete(ctx, p)
 	if err != nil {
 		return err
@@ -268,28 +268,28 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 }
 
 // KeyRelease is the wrapped store's KeyRelease.
-func (s *Store) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
+func (s *sealingStore) KeyRelease(ctx context.Context, p *idemstore.FinishParams) error {
 	return s.inner.KeyRelease(ctx, p)
 }
 
 // KeyMarkUnknown is the wrapped store's KeyMarkUnknown.
-func (s *Store) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
+func (s *sealingStore) KeyMarkUnknown(ctx context.Context, p *idemstore.FinishParams) error {
 	return s.inner.KeyMarkUnknown(ctx, p)
 }
 
 // KeyDelete is the wrapped store's KeyDelete.
-func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
+func (s *sealingStore) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error {
 	return s.inner.KeyDelete(ctx, p)
 }
 
 // KeyRenew is the wrapped store's KeyRenew.
-func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
+func (s *sealingStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 	return s.inner.KeyRenew(ctx, p)
 }
 
 // KeyResolve seals the response of a resolution to completed and resolves
 // through the wrapped store.
-func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
+func (s *sealingStore) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) error {
 	if s.kr != nil && p.Response != nil && p.To == idemstore.StateCompleted {
 		q := *p
 		var err error
@@ -302,7 +302,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 }
 
 // KeySweep is the wrapped store's KeySweep, responses opened.
-func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
+func (s *sealingStore) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
 	recs, err := s.inner.KeySweep(ctx, p)
 	if err != nil {
 		return nil, err
@@ -311,7 +311,7 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 }
 
 // KeyReap is the wrapped store's KeyReap.
-func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
+func (s *sealingStore) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, error) {
 	return s.inner.KeyReap(ctx, p)
 }
 
@@ -321,7 +321,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 // fail the page: it is listed with its response as stored, which SealedBy
 // names the key of. One such record would otherwise hide every other from
 // `idem keys` and the console. Rotate reports them by key.
-func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
+func (s *sealingStore) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemstore.Record, error) {
 	recs, err := s.inner.KeyList(ctx, p)
 	if err != nil {
 		return nil, err
@@ -334,7 +334,7 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	return recs, nil
 }
 
-func (s *Store) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
+func (s *sealingStore) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
 	for i, r := range recs {
 		o, err := s.open(r)
 		if err != nil {
@@ -347,7 +347,7 @@ func (s *Store) openAll(recs []*idemstore.Record) ([]*idemstore.Record, error) {
 
 // KeyReseal seals p.Response and reseals through the wrapped store, which
 // must implement idemstore.Resealer.
-func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error {
+func (s *sealingStore) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error {
 	rs, ok := s.inner.(idemstore.Resealer)
 	if !ok {
 		return fmt.Errorf("idemcrypt: %T cannot rewrite stored responses (no KeyReseal)", s.inner)
@@ -361,7 +361,7 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 }
 
 // Invalidate is the wrapped store's Invalidate (idemcache), when it has one.
-func (s *Store) Invalidate(ctx context.Context, id idemstore.Identity) error {
+func (s *sealingStore) Invalidate(ctx context.Context, id idemstore.Identity) error {
 	if inv, ok := s.inner.(invalidator); ok {
 		return inv.Invalidate(ctx, id)
 	}
@@ -371,7 +371,7 @@ func (s *Store) Invalidate(ctx context.Context, id idemstore.Identity) error {
 // KeyPurge is the wrapped store's KeyPurge, the purged record's response
 // opened. A purge does not depend on the keys: a record whose response does
 // not open is purged all the same and returned sealed.
-func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
+func (s *sealingStore) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemstore.Record, error) {
 	rec, err := s.inner.KeyPurge(ctx, p)
 	if err != nil {
 		return nil, err
@@ -384,7 +384,7 @@ func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemst
 
 // KeyReconcileClaim is the wrapped store's KeyReconcileClaim (unknown
 // records carry no response), responses opened.
-func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
+func (s *sealingStore) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
 	recs, err := s.inner.KeyReconcileClaim(ctx, p)
 	if err != nil {
 		return nil, err
@@ -393,11 +393,11 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 }
 
 // KeyReconcileFail is the wrapped store's KeyReconcileFail.
-func (s *Store) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
+func (s *sealingStore) KeyReconcileFail(ctx context.Context, p *idemstore.ReconcileFailParams) error {
 	return s.inner.KeyReconcileFail(ctx, p)
 }
 
 // KeyBacklog is the wrapped store's KeyBacklog.
-func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
+func (s *sealingStore) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 	return s.inner.KeyBacklog(ctx)
 }

@@ -61,7 +61,7 @@ type ClientConfig struct {
 	// never modified. Defaults to none.
 	KeyField string
 	// NewKey makes the key of a covered call that has none, in its outgoing
-	// metadata or in KeyField. Defaults to NewKeyV4. An error, or an
+	// metadata or in KeyField. Defaults to idemclient.NewKeyV4. An error, or an
 	// empty key, fails the call with INTERNAL before anything is sent.
 	NewKey func() (string, error)
 	// RetryWaitMin and RetryWaitMax bound the waits computed by Backoff.
@@ -96,14 +96,6 @@ type ClientConfig struct {
 	// as idemclient logs it). Defaults to slog.Default().
 	Logger *slog.Logger
 }
-
-// NewKeyV4 returns a random (version 4) UUID. It is the default key
-// generator, the same as idemclient's.
-func NewKeyV4() (string, error) { return idemclient.NewKeyV4() }
-
-// NewKeyV7 returns a time-ordered (version 7) UUID, which keeps the
-// server's key index local at the cost of revealing when the key was made.
-func NewKeyV7() (string, error) { return idemclient.NewKeyV7() }
 
 // Replayed reports whether header or trailer metadata (from grpc.Header or
 // grpc.Trailer) marks an answer replayed from the server's store.
@@ -212,7 +204,7 @@ func UnaryClientInterceptor(cfg *ClientConfig) grpc.UnaryClientInterceptor {
 		c = *cfg
 	}
 	if c.NewKey == nil {
-		c.NewKey = NewKeyV4
+		c.NewKey = idemclient.NewKeyV4
 	}
 	if c.RetryWaitMin <= 0 {
 		c.RetryWaitMin = DefaultRetryWaitMin

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemclient"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
 )
@@ -78,7 +79,7 @@ func TestClientKeySources(t *testing.T) {
 	t.Parallel()
 	ccfg := fastRetries()
 	ccfg.KeyField = "request_id"
-	ccfg.NewKey = idemgrpc.NewKeyV7
+	ccfg.NewKey = idemclient.NewKeyV7
 	b := setup(t, idemmem.New(nil), nil, idemgrpc.Config{}, ccfg)
 	ctx := context.Background()
 	call(ctx, b.conn, methodCreate, "caller-key", newRequest("acct-1", 500, "ignored-field"))

@@ -24,7 +24,6 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
@@ -229,17 +228,12 @@ func firstOf(vs []string) string {
 // with the client interceptor ccfg (none when nil).
 func setup(t *testing.T, store idemstore.Store, clock *idemtest.Clock, cfg idemgrpc.Config, ccfg *idemgrpc.ClientConfig) *bundle {
 	t.Helper()
-	var g idem.Config
-	if cfg.Guard != nil {
-		g = *cfg.Guard
-	}
-	if g.Logger == nil {
-		g.Logger = quietLogger()
+	if cfg.Guard.Logger == nil {
+		cfg.Guard.Logger = quietLogger()
 	}
 	if clock != nil {
-		g.Now = clock.Now
+		cfg.Guard.Clock = clock
 	}
-	cfg.Guard = &g
 	if cfg.Resolver == nil {
 		cfg.Resolver = testTypes
 	}

@@ -45,12 +45,11 @@ const (
 // Config configures UnaryServerInterceptor and StreamServerInterceptor. A
 // nil *Config means all defaults.
 type Config struct {
-	// Guard configures the core: TTL, Lease, Wait, MinKeyLength,
+	// Guard configures the core (idem.GuardConfig): TTL, Lease, Wait,
 	// MaxResponse (the largest response message stored), Keyring,
-	// StoreTimeout, the per-scope limits, Transactional, FailOpen, Metrics,
-	// Tracer, Logger and Now, as idem.NewGuard documents; its HTTP fields
-	// are ignored. Defaults to idem's defaults.
-	Guard *idem.Config
+	// Transactional, Metrics, Logger and the others. Its zero value means
+	// idem's defaults.
+	Guard idem.GuardConfig
 	// Methods are the covered full method names ("/pkg.Service/Method").
 	// Nil covers every method; an empty, non-nil slice covers none.
 	// Covered, when set, takes precedence. UnaryServerInterceptor protects
@@ -108,10 +107,10 @@ func DefaultRelease(st *status.Status) bool {
 	return true
 }
 
-// HTTPStatus returns the HTTP status a gRPC code corresponds to, as
+// httpStatus returns the HTTP status a gRPC code corresponds to, as
 // gRPC-HTTP gateways map it (CANCELLED is 499). The store keeps it as a
 // record's status.
-func HTTPStatus(c codes.Code) int {
+func httpStatus(c codes.Code) int {
 	switch c {
 	case codes.OK:
 		return 200
@@ -162,7 +161,7 @@ func UnaryServerInterceptor(store idemstore.Store, cfg *Config) grpc.UnaryServer
 		c = *cfg
 	}
 	s := &server{
-		guard:    idem.NewGuard(store, c.Guard),
+		guard:    idem.NewGuard(store, &c.Guard),
 		covered:  coverage(c.Methods, c.Covered),
 		require:  c.RequireKey,
 		keyField: protoreflect.Name(c.KeyField),
@@ -207,7 +206,7 @@ func StreamServerInterceptor(store idemstore.Store, cfg *Config) grpc.StreamServ
 	}
 	covered := coverage(c.Methods, c.Covered)
 	log := slog.Default()
-	if c.Guard != nil && c.Guard.Logger != nil {
+	if c.Guard.Logger != nil {
 		log = c.Guard.Logger
 	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -382,7 +381,7 @@ func encodeStatus(st *status.Status) idem.Result {
 		return idem.Result{NotReplayable: true}
 	}
 	return idem.Result{
-		Status: HTTPStatus(st.Code()),
+		Status: httpStatus(st.Code()),
 		Meta: map[string][]string{
 			metaContentType: {contentType},
 			metaMessageType: {statusTypeName},

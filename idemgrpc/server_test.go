@@ -104,7 +104,7 @@ func TestRace(t *testing.T) {
 	const n = 200
 	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
-		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{Guard: &idem.Config{StoreTimeout: 30 * time.Second}}, nil)
+		b := setup(t, teststore.Open(t, kind, clock.Now), clock, idemgrpc.Config{Guard: idem.GuardConfig{StoreTimeout: 30 * time.Second}}, nil)
 		othersDone := make(chan struct{})
 		b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
 			select { // hold the lease until every other call was answered
@@ -221,7 +221,7 @@ func TestInFlight(t *testing.T) {
 			t.Run(fmt.Sprintf("wait=%s", wait), func(t *testing.T) {
 				clock := newTestClock()
 				store := &watchStore{Store: teststore.Open(t, kind, clock.Now), found: make(chan struct{})}
-				b := setup(t, store, clock, idemgrpc.Config{Guard: &idem.Config{Wait: wait}}, nil)
+				b := setup(t, store, clock, idemgrpc.Config{Guard: idem.GuardConfig{Wait: wait}}, nil)
 				started, release := make(chan struct{}), make(chan struct{})
 				b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
 					close(started)
@@ -643,7 +643,7 @@ func TestTransactional(t *testing.T) {
 			t.Parallel()
 			clock := newTestClock()
 			store := teststore.Open(t, kind, clock.Now)
-			b := setup(t, store, clock, idemgrpc.Config{Guard: &idem.Config{Transactional: true}}, nil)
+			b := setup(t, store, clock, idemgrpc.Config{Guard: idem.GuardConfig{Transactional: true}}, nil)
 			var fail atomic.Bool
 			b.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
 				if _, err := idemstore.TxFromContext(ctx); err != nil {
@@ -680,7 +680,7 @@ var _ grpc.UnaryServerInterceptor = idemgrpc.UnaryServerInterceptor(idemmem.New(
 func TestNotReplayableAndLimits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: &idem.Config{MaxResponse: 4}}, nil)
+	b := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: idem.GuardConfig{MaxResponse: 4}}, nil)
 	if a := call(ctx, b.conn, methodCreate, "big", newRequest("acct-1", 500, "")); a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -690,7 +690,7 @@ func TestNotReplayableAndLimits(t *testing.T) {
 		t.Errorf("handler ran %d times, want 1", got)
 	}
 
-	l := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: &idem.Config{MaxInProgressPerScope: 1}}, nil)
+	l := setup(t, idemmem.New(nil), nil, idemgrpc.Config{Guard: idem.GuardConfig{MaxInProgressPerScope: 1}}, nil)
 	started, release := make(chan struct{}), make(chan struct{})
 	l.svc.handle = func(ctx context.Context, req *dynamicpb.Message) (proto.Message, error) {
 		close(started)

@@ -38,7 +38,7 @@ func ExampleNew() {
 // a failed request leaves nothing behind.
 func ExampleTxFromContext() {
 	store := idemmem.New(nil)
-	h := idem.New(store, &idem.Config{Transactional: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idemmem.TxFromContext(r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

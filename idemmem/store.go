@@ -584,5 +584,6 @@ func copyResponse(resp *idemstore.Response) *idemstore.Response {
 		Status: resp.Status,
 		Header: resp.Header.Clone(),
 		Body:   bytes.Clone(resp.Body),
+		Sealed: resp.Sealed,
 	}
 }

@@ -63,10 +63,10 @@ func (a Action) String() string {
 
 // Config configures a Consumer. A nil *Config means all defaults.
 type Config struct {
-	// Idem configures the core (idem.NewGuard): Lease, TTL, Transactional,
-	// StoreTimeout, Wait, Metrics, Tracer, Logger, Now and the other
-	// options that concern a call. Defaults to idem's defaults.
-	Idem idem.Config
+	// Guard configures the core (idem.GuardConfig): Lease, TTL,
+	// Transactional, StoreTimeout, Wait, Metrics, Tracer, Logger, Clock and
+	// the others. Its zero value means idem's defaults.
+	Guard idem.GuardConfig
 	// MessageID returns the message's id, the record's key; "" means the
 	// message has none (see MissingID). An id that is not 1–255 printable
 	// ASCII characters (or shorter than Idem.MinKeyLength) is replaced by
@@ -150,14 +150,14 @@ func (c *Config) withDefaults() Config {
 		cfg.MaxErrorDelay = 5 * time.Minute
 	}
 	cfg.MaxErrorDelay = max(cfg.MaxErrorDelay, cfg.ErrorDelay)
-	if cfg.Idem.Lease <= 0 {
-		cfg.Idem.Lease = 30 * time.Second
+	if cfg.Guard.Lease <= 0 {
+		cfg.Guard.Lease = 30 * time.Second
 	}
-	if cfg.Idem.MinKeyLength <= 0 {
-		cfg.Idem.MinKeyLength = 1
+	if cfg.Guard.MinKeyLength <= 0 {
+		cfg.Guard.MinKeyLength = 1
 	}
-	if cfg.Idem.Logger == nil {
-		cfg.Idem.Logger = slog.Default()
+	if cfg.Guard.Logger == nil {
+		cfg.Guard.Logger = slog.Default()
 	}
 	return cfg
 }
@@ -184,7 +184,7 @@ const (
 	OutcomeMaxDeliveries Outcome = "max_deliveries"
 )
 
-// TermMetrics is implemented by a Config.Idem.Metrics that counts the
+// TermMetrics is implemented by a Config.Guard.Metrics that counts the
 // messages a Consumer terminates, by endpoint and outcome (key_reused,
 // unknown, missing_id, max_deliveries); idemprom.Metrics does.
 type TermMetrics interface {
@@ -202,11 +202,11 @@ type Consumer struct {
 
 // New returns a Consumer that runs h on store. A nil cfg means all
 // defaults (see Config). Like idem.NewGuard, it panics when
-// cfg.Idem.Transactional is set and store does not implement
+// cfg.Guard.Transactional is set and store does not implement
 // idemstore.TxStore.
 func New(store idemstore.Store, h Handler, cfg *Config) *Consumer {
 	c := cfg.withDefaults()
-	return &Consumer{guard: idem.NewGuard(store, &c.Idem), handler: h, cfg: c, log: c.Idem.Logger}
+	return &Consumer{guard: idem.NewGuard(store, &c.Guard), handler: h, cfg: c, log: c.Guard.Logger}
 }
 
 // Handle processes msg (see Process) with a background context. It is a
@@ -286,7 +286,7 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 		// The handler's effect happened but is not on record: never ack.
 		// The record stays in progress until its lease ends, then turns
 		// unknown, so no redelivery runs the handler again.
-		return d.settle(OutcomeNotRecorded, err, slog.LevelError, "idemnats: handler ran but its outcome was not recorded; not acked", nakked(c.retryDelay(c.cfg.Idem.Lease)))
+		return d.settle(OutcomeNotRecorded, err, slog.LevelError, "idemnats: handler ran but its outcome was not recorded; not acked", nakked(c.retryDelay(c.cfg.Guard.Lease)))
 	}
 	// ErrStoreUnavailable: the core logged the store's error.
 	return d.settle(OutcomeStoreUnavailable, err, slog.LevelWarn, "idemnats: store unavailable; nak with delay", nakked(c.retryDelay(ie.RetryAfter)))
@@ -295,7 +295,7 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 // missingID disposes of a message without an id as Config.MissingID says.
 func (d *delivery) missingID(ctx context.Context) (Outcome, error) {
 	c := d.c
-	if m := c.cfg.Idem.Metrics; m != nil {
+	if m := c.cfg.Guard.Metrics; m != nil {
 		m.Decision(d.endpoint, "", idem.DecisionInvalid)
 	}
 	switch c.cfg.MissingID {
@@ -336,7 +336,7 @@ func nakked(delay time.Duration) settlement { return settlement{kind: settleNak,
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
-	ok := len(id) >= c.cfg.Idem.MinKeyLength && len(id) <= idem.MaxKeyLength
+	ok := len(id) >= c.cfg.Guard.MinKeyLength && len(id) <= idem.MaxKeyLength
 	for i := 0; ok && i < len(id); i++ {
 		ok = id[i] >= 0x20 && id[i] < 0x7f
 	}
@@ -431,7 +431,7 @@ func (d *delivery) settle(o Outcome, err error, level slog.Level, text string, s
 		} else {
 			serr = d.msg.Term()
 		}
-		if tm, ok := c.cfg.Idem.Metrics.(TermMetrics); ok && serr == nil {
+		if tm, ok := c.cfg.Guard.Metrics.(TermMetrics); ok && serr == nil {
 			tm.MessageTerminated(d.endpoint, string(o))
 		}
 	}

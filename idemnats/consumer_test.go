@@ -236,7 +236,7 @@ func TestUnknown(t *testing.T) {
 		var log bytes.Buffer
 		var metrics decisions
 		cfg := config(b.clock, &log)
-		cfg.Idem.Metrics = &metrics
+		cfg.Guard.Metrics = &metrics
 		c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 			if runs.add(msgID(m)) == 1 {
 				idem.MarkUnknown(ctx)
@@ -339,7 +339,7 @@ func TestMissingID(t *testing.T) {
 			var metrics decisions
 			cfg := config(b.clock, nil)
 			cfg.MissingID = tc.action
-			cfg.Idem.Metrics = &metrics
+			cfg.Guard.Metrics = &metrics
 			c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 				runs.Add(1)
 				return nil
@@ -373,7 +373,7 @@ func TestKeyReused(t *testing.T) {
 	var runs atomic.Int64
 	var metrics decisions
 	cfg := config(b.clock, nil)
-	cfg.Idem.Metrics = &metrics
+	cfg.Guard.Metrics = &metrics
 	cfg.MessageID = eventID
 	c := idemnats.New(b.db.store, func(context.Context, jetstream.Msg) error {
 		runs.Add(1)
@@ -428,7 +428,7 @@ func TestTransactional(t *testing.T) {
 			b := setup(t, kind, func(c *jetstream.StreamConfig) { c.Duplicates = 100 * time.Millisecond })
 			var runs counter
 			cfg := config(b.clock, nil)
-			cfg.Idem.Transactional = true
+			cfg.Guard.Transactional = true
 			cfg.MessageID = eventID
 			c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 				id := eventID(m)

@@ -63,8 +63,8 @@ func TestConsumerKilled(t *testing.T) {
 				clock := newClock()
 				db = openDB(t, db.spec, clock.Now)
 				cfg := config(clock, nil)
-				cfg.Idem.Lease = 30 * time.Second
-				cfg.Idem.Transactional = mode == "tx"
+				cfg.Guard.Lease = 30 * time.Second
+				cfg.Guard.Transactional = mode == "tx"
 				c := idemnats.New(db.store, crashHandler(db, mode, runs), cfg)
 
 				m := process(t, c, cons, idemnats.OutcomeInProgress)
@@ -156,7 +156,7 @@ func TestConsumerKilledChild(t *testing.T) {
 		fmt.Println(crashStarted)
 		time.Sleep(2 * time.Minute) // until killed
 		return nil
-	}, &idemnats.Config{Idem: idem.Config{Lease: 30 * time.Second, Transactional: mode == "tx", Logger: config(newClock(), nil).Idem.Logger}})
+	}, &idemnats.Config{Guard: idem.GuardConfig{Lease: 30 * time.Second, Transactional: mode == "tx", Logger: config(newClock(), nil).Guard.Logger}})
 	if _, err := cons.Consume(c.Handle); err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ func TestLastDelivery(t *testing.T) {
 			var log bytes.Buffer
 			var metrics decisions
 			cfg := config(b.clock, &log)
-			cfg.Idem.Metrics = &metrics
+			cfg.Guard.Metrics = &metrics
 			cfg.MaxDeliver = maxDeliver
 			wantReason := false
 			if tc.conn {
@@ -225,7 +225,7 @@ func TestLongHandlerHeartbeat(t *testing.T) {
 	const ackWait = time.Second
 	cons, _ := reconfigure(t, b, ackWait, -1)
 	cfg := config(b.clock, nil)
-	cfg.Idem.Clock = b.clock // the lease's heartbeat runs on it
+	cfg.Guard.Clock = b.clock // the lease's heartbeat runs on it
 	started, release := make(chan struct{}), make(chan struct{})
 	c := idemnats.New(b.db.store, func(ctx context.Context, m jetstream.Msg) error {
 		close(started)

@@ -24,7 +24,7 @@ func ExampleNewTracer() {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer tp.Shutdown(context.Background())
 
-	h := idem.New(idemmem.New(nil), &idem.Config{Tracer: idemotel.NewTracer(tp)})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Tracer: idemotel.NewTracer(tp)}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{}`))

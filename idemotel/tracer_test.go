@@ -34,7 +34,7 @@ func setup(t *testing.T, store idemstore.Store) *bundle {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	mw := idem.New(store, &idem.Config{Tracer: idemotel.NewTracer(tp)})
+	mw := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Tracer: idemotel.NewTracer(tp)}})
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
@@ -224,8 +224,7 @@ func TestSpansOfAPanic(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	h := idem.New(idemmem.New(nil), &idem.Config{
-		Tracer: idemotel.NewTracer(tp),
-		Logger: slog.New(slog.DiscardHandler),
+		GuardConfig: idem.GuardConfig{Tracer: idemotel.NewTracer(tp), Logger: slog.New(slog.DiscardHandler)},
 	})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		panic("boom")
 	}))

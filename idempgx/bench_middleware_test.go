@@ -103,7 +103,7 @@ func newPGBenchWith(b *testing.B, groupCommit bool) *pgBench {
 	if _, err := store.Migrate(ctx); err != nil {
 		b.Fatalf("Migrate: %v", err)
 	}
-	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
+	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: benchkit.DiscardLogger()}})(benchkit.Handler)}
 }
 
 // serve sends one request with key through the middleware and checks the

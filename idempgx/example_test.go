@@ -40,6 +40,6 @@ func Example() {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	protect := idem.New(store, &idem.Config{Transactional: true})
+	protect := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true}})
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", protect(mux)))
 }

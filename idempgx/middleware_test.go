@@ -73,7 +73,7 @@ func TestMiddlewareTwoNodes(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, id)
 	})
-	cfg := &idem.Config{Wait: 20 * time.Second, Transactional: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := &idem.Config{GuardConfig: idem.GuardConfig{Wait: 20 * time.Second, Transactional: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 	nodeA := httptest.NewServer(idem.New(storeA, cfg)(handler))
 	t.Cleanup(nodeA.Close)
 	nodeB := httptest.NewServer(idem.New(storeB, cfg)(handler))
@@ -151,7 +151,7 @@ func TestMiddlewareRollback(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv := httptest.NewServer(idem.New(s, &idem.Config{Transactional: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})(handler))
+	srv := httptest.NewServer(idem.New(s, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})(handler))
 	t.Cleanup(srv.Close)
 
 	count := func() int {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // Config configures a Store. A nil *Config means all defaults.
@@ -624,7 +625,7 @@ func (rs *recordScan) record() (*idemstore.Record, error) {
 			if err != nil {
 				return nil, fmt.Errorf("decoding stored header: %w", err)
 			}
-			resp.Header = h
+			resp.Header, resp.Sealed = neverstored.Unpack(h)
 		}
 		rec.Response = resp
 	}
@@ -650,8 +651,8 @@ func encodeResponse(resp *idemstore.Response, notReplayable bool) (encodedRespon
 	}
 	status := int32(resp.Status)
 	out := encodedResponse{status: &status, body: resp.Body}
-	if resp.Header != nil {
-		b, err := headerjson.Encode(resp.Header)
+	if resp.Header != nil || resp.Sealed != "" {
+		b, err := headerjson.Encode(neverstored.Pack(resp.Header, resp.Sealed))
 		if err != nil {
 			return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
 		}

@@ -17,7 +17,7 @@ import (
 func Example() {
 	reg := prometheus.NewRegistry()
 	metrics := idemprom.New(reg, nil)
-	protect := idem.New(idemmem.New(nil), &idem.Config{Metrics: metrics})
+	protect := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Metrics: metrics}})
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

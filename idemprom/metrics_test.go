@@ -217,7 +217,7 @@ func TestThroughMiddleware(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	m := idemprom.New(reg, nil)
-	h := idem.New(idemmem.New(nil), &idem.Config{Metrics: m})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Metrics: m}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":"p_1"}`))
 	}))

@@ -104,7 +104,7 @@ func newRedisBench(b *testing.B) *redisBench {
 		}
 	})
 	store := idemredis.New(client, &idemredis.Config{Prefix: prefix})
-	return &redisBench{client: client, rec: rec, mw: idem.New(store, &idem.Config{Logger: benchkit.DiscardLogger()})(benchkit.Handler)}
+	return &redisBench{client: client, rec: rec, mw: idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: benchkit.DiscardLogger()}})(benchkit.Handler)}
 }
 
 // serve sends one request with key through the middleware and checks the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
+	"github.com/idem-dev/idem/internal/neverstored"
 )
 
 // micros formats t as decimal Unix microseconds, the scripts' time unit.
@@ -47,7 +48,7 @@ func encodeResponse(r *idemstore.Response, notReplayable bool) (encodedResponse,
 	if notReplayable || r == nil {
 		return encodedResponse{notReplayable: argTrue, status: argEmpty, header: argEmpty, body: argEmpty}, nil
 	}
-	header, err := headerjson.Encode(r.Header)
+	header, err := headerjson.Encode(neverstored.Pack(r.Header, r.Sealed))
 	if err != nil {
 		return encodedResponse{}, fmt.Errorf("encoding header: %w", err)
 	}
@@ -421,6 +422,7 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 			if resp.Header, err = headerjson.Decode(h); err != nil {
 				return nil, fmt.Errorf("decoding record field header: %w", err)
 			}
+			resp.Header, resp.Sealed = neverstored.Unpack(resp.Header)
 		}
 		r.Response = resp
 	}

@@ -38,7 +38,7 @@ func TestMiddlewareTwoNodes(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"run":%d}`, n)
 		})
-		cfg := &idem.Config{Wait: 20 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		cfg := &idem.Config{GuardConfig: idem.GuardConfig{Wait: 20 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 		nodeA := httptest.NewServer(idem.New(storeA, cfg)(handler))
 		t.Cleanup(nodeA.Close)
 		nodeB := httptest.NewServer(idem.New(storeB, cfg)(handler))

@@ -50,7 +50,7 @@ func paymentsService(t *testing.T) (*idemsqlite.Store, http.Handler, func() int)
 		}
 		return n
 	}
-	return s, idem.New(s, &idem.Config{Transactional: true})(h), count
+	return s, idem.New(s, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true}})(h), count
 }
 
 func post(h http.Handler, key string, fail bool) *httptest.ResponseRecorder {

@@ -36,6 +36,7 @@ import (
 
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/headerjson"
+	"github.com/idem-dev/idem/internal/neverstored"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -220,7 +221,7 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 			if err != nil {
 				return nil, fmt.Errorf("decoding the stored header of record %s: %w", r.LogHash(), err)
 			}
-			r.Response.Header = h
+			r.Response.Header, r.Response.Sealed = neverstored.Unpack(h)
 		}
 		if r.Response.Body == nil {
 			r.Response.Body = []byte{}
@@ -239,7 +240,7 @@ func responseArgs(resp *idemstore.Response, notReplayable bool) (status, header,
 	if notReplayable || resp == nil {
 		return nil, nil, nil, 1, nil
 	}
-	h := resp.Header
+	h := neverstored.Pack(resp.Header, resp.Sealed)
 	if h == nil {
 		h = http.Header{}
 	}

@@ -56,6 +56,11 @@ type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// Sealed, when not empty, says that Body holds the header and body
+	// sealed at rest (package idemcrypt), and names the seal's format and
+	// key: "v2 NAME". Header is then empty. Stores keep it with the record
+	// as they keep Header.
+	Sealed string
 }
 
 // Record is the stored state of one idempotency key.

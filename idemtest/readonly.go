@@ -96,7 +96,7 @@ func (c *checkedStore) check(t testing.TB) {
 func deepCopy(r *idemstore.Record) *idemstore.Record {
 	c := *r
 	if r.Response != nil {
-		c.Response = &idemstore.Response{Status: r.Response.Status, Header: r.Response.Header.Clone(), Body: bytes.Clone(r.Response.Body)}
+		c.Response = &idemstore.Response{Status: r.Response.Status, Header: r.Response.Header.Clone(), Body: bytes.Clone(r.Response.Body), Sealed: r.Response.Sealed}
 	}
 	return &c
 }

@@ -54,7 +54,7 @@ func setupE2E(t *testing.T, loseAnswers bool) *e2e {
 	}
 
 	mux := http.NewServeMux()
-	protect := idem.New(store, &idem.Config{RequireKey: true, Transactional: true, Logger: logger})
+	protect := idem.New(store, &idem.Config{RequireKey: true, GuardConfig: idem.GuardConfig{Transactional: true, Logger: logger}})
 	mux.Handle("POST /payments", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idemsqlite.TxFromContext(r.Context())
 		if err != nil {

@@ -4,6 +4,8 @@
 // stores the other never stores either.
 package neverstored
 
+import "net/http"
+
 // Sealed is the header a sealed response is stored under (its value names
 // the format and the key, see idemcrypt.HeaderSealed). An upstream's header
 // of that name is never stored: it would make a stored answer look sealed.
@@ -33,4 +35,24 @@ func Names() []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// Pack returns the header to store for a response with header h and seal
+// sealed (idemstore.Response.Sealed): h, or for a sealed response the one
+// header Sealed with the seal as its value, the form in which every store
+// has kept sealed responses since encryption at rest began, so records
+// stored before Response.Sealed existed read back the same.
+func Pack(h http.Header, sealed string) http.Header {
+	if sealed == "" {
+		return h
+	}
+	return http.Header{Sealed: {sealed}}
+}
+
+// Unpack is Pack's inverse: the header and the seal of a stored header.
+func Unpack(h http.Header) (http.Header, string) {
+	if vs, ok := h[Sealed]; ok && len(h) == 1 && len(vs) == 1 {
+		return nil, vs[0]
+	}
+	return h, ""
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/benchkit"
 )
 
@@ -44,9 +45,9 @@ func BenchmarkEncryption(b *testing.B) {
 			kr   *idemcrypt.Keyring
 		}{{"plain", nil}, {"sealed", kr}} {
 			b.Run(name+"/"+mode.name+"/first", func(b *testing.B) {
-				turn := 0
-				store := stores[name](b, func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) })
-				h := idem.New(store, &idem.Config{Keyring: mode.kr, Now: func() time.Time { return benchEpoch.Add(time.Duration(turn) * 25 * time.Hour) }})(benchkit.Handler)
+				clock := idemtest.NewClock(benchEpoch)
+				store := stores[name](b, clock.Now)
+				h := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Keyring: mode.kr, Clock: clock}})(benchkit.Handler)
 				n := min(b.N, benchKeys)
 				keys, bodies := benchFirstRequests(n)
 				b.ReportAllocs()
@@ -54,7 +55,7 @@ func BenchmarkEncryption(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					k := i % benchKeys
 					if i > 0 && k == 0 {
-						turn++ // the records of the previous turn expire
+						clock.Advance(25 * time.Hour) // the records of the previous turn expire
 					}
 					w := httptest.NewRecorder()
 					h.ServeHTTP(w, benchkit.RequestBody(keys[k], bodies[i%len(bodies)]))
@@ -64,7 +65,7 @@ func BenchmarkEncryption(b *testing.B) {
 				}
 			})
 			b.Run(name+"/"+mode.name+"/replay", func(b *testing.B) {
-				h := idem.New(stores[name](b, nil), &idem.Config{Keyring: mode.kr})(benchkit.Handler)
+				h := idem.New(stores[name](b, nil), &idem.Config{GuardConfig: idem.GuardConfig{Keyring: mode.kr}})(benchkit.Handler)
 				h.ServeHTTP(httptest.NewRecorder(), benchkit.Request("replayed"))
 				b.ReportAllocs()
 				for b.Loop() {

@@ -30,7 +30,7 @@ func TestDoRace(t *testing.T) {
 		ctx := context.Background()
 		payload := charge{Account: "acct-1", Amount: 500}
 
-		g := testGuard(store, clock, idem.Config{StoreTimeout: 30 * time.Second})
+		g := testGuard(store, clock, idem.GuardConfig{StoreTimeout: 30 * time.Second})
 		var runs, refused atomic.Int64
 		othersDone := make(chan struct{})
 		fn := func(ctx context.Context) (receipt, error) {
@@ -76,7 +76,7 @@ func TestDoRace(t *testing.T) {
 			t.Fatalf("after the replays the function ran %d times, want 1", got)
 		}
 
-		waiting := testGuard(store, clock, idem.Config{Wait: time.Minute, StoreTimeout: 30 * time.Second})
+		waiting := testGuard(store, clock, idem.GuardConfig{Wait: time.Minute, StoreTimeout: 30 * time.Second})
 		var waitRuns atomic.Int64
 		testenv.Race(n, func(i int) {
 			r, err := idem.Do(ctx, waiting, "wait-key", "charge", payload, func(context.Context) (receipt, error) {
@@ -102,7 +102,7 @@ func TestDoLeaseExpiry(t *testing.T) {
 	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
 		store := teststore.Open(t, kind, clock.Now)
-		g := testGuard(heartbeatDown{store}, clock, idem.Config{Lease: 30 * time.Second})
+		g := testGuard(heartbeatDown{store}, clock, idem.GuardConfig{Lease: 30 * time.Second})
 		ctx := context.Background()
 		payload := charge{Account: "acct-1", Amount: 700}
 		var runs atomic.Int64
@@ -173,7 +173,7 @@ func TestDoKeyReused(t *testing.T) {
 	teststore.ForEach(t, func(t *testing.T, kind string) {
 		clock := newTestClock()
 		store := teststore.Open(t, kind, clock.Now)
-		g := testGuard(store, clock, idem.Config{})
+		g := testGuard(store, clock, idem.GuardConfig{})
 		ctx := context.Background()
 		var runs atomic.Int64
 		fn := func(context.Context) (receipt, error) {
@@ -235,7 +235,7 @@ func TestDoCrash(t *testing.T) {
 			// the lease however long the child took to start.
 			clock.Set(time.Now().Truncate(time.Millisecond))
 
-			g := testGuard(store, clock, idem.Config{Lease: 30 * time.Second})
+			g := testGuard(store, clock, idem.GuardConfig{Lease: 30 * time.Second})
 			ctx := context.Background()
 			never := func(context.Context) (receipt, error) {
 				t.Error("a retry ran the function of the killed attempt again")
@@ -272,7 +272,7 @@ func TestDoCrashChild(t *testing.T) {
 		t.Skip("run by TestDoCrash in a child process")
 	}
 	store := teststore.Reopen(t, spec, time.Now)
-	g := idem.NewGuard(store, &idem.Config{Lease: 30 * time.Second, Logger: quietLogger()})
+	g := idem.NewGuard(store, &idem.GuardConfig{Lease: 30 * time.Second, Logger: quietLogger()})
 	idem.Do(context.Background(), g, "crash-key", "charge", charge{Account: "acct-9", Amount: 900}, func(context.Context) (receipt, error) {
 		f, err := os.OpenFile(os.Getenv(crashEffectsEnv), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 		if err != nil {

@@ -21,7 +21,7 @@ func TestGuardTransactional(t *testing.T) {
 	if _, err := store.DB().Exec("CREATE TABLE credits (amount INTEGER NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	g := testGuard(store, clock, idem.Config{Transactional: true})
+	g := testGuard(store, clock, idem.GuardConfig{Transactional: true})
 	fail := true
 	credit := func(ctx context.Context) (int, error) {
 		tx, err := idemsqlite.TxFromContext(ctx)

@@ -28,7 +28,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 // testGuard returns a Guard on store whose every time decision (store-call
 // deadlines, lease renewals, waits, Retry-After) runs on clock.
-func testGuard(store idemstore.Store, clock *idemtest.Clock, cfg idem.Config) *idem.Guard {
+func testGuard(store idemstore.Store, clock *idemtest.Clock, cfg idem.GuardConfig) *idem.Guard {
 	cfg.Clock = clock
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()

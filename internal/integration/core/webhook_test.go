@@ -96,7 +96,7 @@ func TestDoWebhookReceiver(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
 	store := teststore.OpenSQLite(t, filepath.Join(t.TempDir(), "idem.db"), clock.Now)
-	wr := &webhookReceiver{guard: testGuard(store, clock, idem.Config{Wait: 10 * time.Second}), credits: map[string]int{}}
+	wr := &webhookReceiver{guard: testGuard(store, clock, idem.GuardConfig{Wait: 10 * time.Second}), credits: map[string]int{}}
 	srv := httptest.NewServer(wr)
 	defer srv.Close()
 

@@ -106,7 +106,7 @@ func loadTarget(t *testing.T) (url string, executions func() int) {
 	t.Helper()
 	var mu sync.Mutex
 	runs := 0
-	h := idem.New(idemmem.New(nil), &idem.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		runs++

@@ -28,7 +28,7 @@ func TestOpsMetricsAndConsole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := idem.New(store, &idem.Config{Metrics: o.Metrics})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	app := idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Metrics: o.Metrics}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	for range 2 {

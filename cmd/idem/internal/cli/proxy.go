@@ -160,17 +160,16 @@ func (v storeValue) Set(s string) error {
 // config maps the options onto the middleware's configuration.
 func (o *proxyOptions) config(e *env) *idem.Config {
 	cfg := &idem.Config{
-		Methods:        o.methods,
-		RequireKey:     o.requireKey,
-		TTL:            o.ttl,
-		Lease:          o.lease,
-		Wait:           o.wait,
-		Profile:        idem.Profile(o.profile),
-		MaxBody:        o.maxBody,
-		MaxResponse:    o.maxResponse,
+		Methods:     o.methods,
+		RequireKey:  o.requireKey,
+		GuardConfig: idem.GuardConfig{TTL: o.ttl, Lease: o.lease, Wait: o.wait, MaxResponse: o.maxResponse, Logger: e.logger},
+
+		Profile: idem.Profile(o.profile),
+		MaxBody: o.maxBody,
+
 		Async:          o.async,
 		ProblemBaseURI: o.problemBase,
-		Logger:         e.logger,
+
 		// The upstream routes on the path as sent, so /a%2Fb and /a/b are
 		// different endpoints, as they may be different resources.
 		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },

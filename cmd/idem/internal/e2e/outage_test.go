@@ -49,9 +49,7 @@ func TestStoreOutage(t *testing.T) {
 		fmt.Fprintf(w, `{"payment":%d,"nonce":%q}`, n, randomHex(8))
 	})
 	srv := httptest.NewServer(idem.New(store, &idem.Config{
-		StoreTimeout: 500 * time.Millisecond,
-		Lease:        5 * time.Second,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		GuardConfig: idem.GuardConfig{StoreTimeout: 500 * time.Millisecond, Lease: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 	})(handler))
 	t.Cleanup(srv.Close)
 	url := srv.URL + "/v1/payments"

@@ -94,7 +94,7 @@ func runChild(mode string) int {
 	}
 	store := idempgx.New(pool, &idempgx.Config{Schema: schema, Logger: logger})
 	mux := http.NewServeMux()
-	mux.Handle(ordersPattern, idem.New(store, &idem.Config{Transactional: true, Lease: lease, Logger: logger})(h))
+	mux.Handle(ordersPattern, idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Transactional: true, Lease: lease, Logger: logger}})(h))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fail(err)

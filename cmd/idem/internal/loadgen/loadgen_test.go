@@ -41,7 +41,7 @@ func newServer(t *testing.T) *server {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"pay_1"}`)
 	})
-	mw := idem.New(idemmem.New(nil), &idem.Config{Logger: discardLogger()})(handler)
+	mw := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: discardLogger()}})(handler)
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.arrived[r.Header.Get("Idempotency-Key")]++

@@ -34,28 +34,17 @@ const problemTypeBase = idem.DefaultProblemBaseURI
 //	GET  /healthz            liveness, unauthenticated
 func (s *Service) routes() http.Handler {
 	protect := idem.New(s.db.store, &idem.Config{
-		RequireKey:    true,
-		Transactional: true,
-		TTL:           s.cfg.KeyTTL,
-		Lease:         s.cfg.KeyLease,
-		StoreTimeout:  s.cfg.StoreTimeout,
+		RequireKey:  true,
+		GuardConfig: idem.GuardConfig{Transactional: true, TTL: s.cfg.KeyTTL, Lease: s.cfg.KeyLease, StoreTimeout: s.cfg.StoreTimeout, Metrics: s.cfg.Metrics, Logger: s.log, Clock: clockOf(s.cfg.Now), Keyring: s.cfg.Keyring, EncryptionRequired: s.cfg.EncryptionRequired, MinKeyLength: s.cfg.MinKeyLength, MaxInProgressPerScope: s.cfg.MaxInProgressPerScope, NewKeysPerSecondPerScope: s.cfg.NewKeysPerSecondPerScope},
+
 		Scope: func(r *http.Request) (string, error) {
 			if t := tenantFrom(r.Context()); t != "" {
 				return t, nil
 			}
 			return "", errors.New("no tenant")
 		},
-		Metrics: s.cfg.Metrics,
-		Logger:  s.log,
-		Now:     s.cfg.Now,
-		Keyring: s.cfg.Keyring,
 
-		EncryptionRequired: s.cfg.EncryptionRequired,
-
-		BodyTimeout:              s.cfg.BodyTimeout,
-		MinKeyLength:             s.cfg.MinKeyLength,
-		MaxInProgressPerScope:    s.cfg.MaxInProgressPerScope,
-		NewKeysPerSecondPerScope: s.cfg.NewKeysPerSecondPerScope,
+		BodyTimeout: s.cfg.BodyTimeout,
 	})
 	api := http.NewServeMux()
 	api.Handle("POST /v1/payments", s.afterCommit(protect(http.HandlerFunc(s.create))))

@@ -292,3 +292,21 @@ func ValidateToken(token string) error {
 	}
 	return nil
 }
+
+// clockOf returns the idem.Clock of a service whose tests set Now: the time
+// by now, timers (store-call deadlines, lease renewals) on the wall clock.
+// Nil, the wall clock, when now is nil.
+func clockOf(now func() time.Time) idem.Clock {
+	if now == nil {
+		return nil
+	}
+	return nowClock(now)
+}
+
+type nowClock func() time.Time
+
+func (f nowClock) Now() time.Time { return f() }
+
+func (nowClock) AfterFunc(d time.Duration, fn func()) (stop func() bool) {
+	return time.AfterFunc(d, fn).Stop
+}

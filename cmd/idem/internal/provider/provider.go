@@ -73,13 +73,11 @@ func New(cfg *Config) (*Provider, error) {
 	// The charge and the key's completion commit in one transaction: a
 	// crash leaves both or neither, and a retry finds the charge.
 	protect := idem.New(store, &idem.Config{
-		RequireKey:    true,
-		Transactional: true,
+		RequireKey:  true,
+		GuardConfig: idem.GuardConfig{Transactional: true, Lease: 5 * time.Second, Logger: c.Logger},
 		// A charge takes milliseconds: a short lease lets a key whose
 		// attempt died (or whose release failed) be retried soon.
-		Lease:  5 * time.Second,
-		Logger: c.Logger,
-		Now:    c.Now,
+
 	})
 	p.mux.Handle("POST /charges", p.withFaults(protect(http.HandlerFunc(p.createCharge))))
 	p.mux.HandleFunc("GET /charges", p.listCharges)

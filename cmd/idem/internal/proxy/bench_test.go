@@ -74,8 +74,8 @@ func BenchmarkProxy(b *testing.B) {
 		p := New(target, &Config{Logger: quietLogger()})
 		b.Cleanup(p.CloseIdleConnections)
 		return idem.New(store, &idem.Config{
-			Logger:   quietLogger(),
-			Metrics:  idemprom.New(prometheus.NewRegistry(), nil),
+			GuardConfig: idem.GuardConfig{Logger: quietLogger(), Metrics: idemprom.New(prometheus.NewRegistry(), nil)},
+
 			Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
 		})(p)
 	}

@@ -56,7 +56,7 @@ func newFront(t *testing.T, upstream string) *front {
 	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	p := New(mustURL(t, upstream), &Config{Logger: logger})
 	t.Cleanup(p.CloseIdleConnections)
-	h := idem.New(f.store, &idem.Config{MaxResponse: 2048, Logger: logger})(p)
+	h := idem.New(f.store, &idem.Config{GuardConfig: idem.GuardConfig{MaxResponse: 2048, Logger: logger}})(p)
 	f.srv = httptest.NewUnstartedServer(h)
 	f.srv.Config.ErrorLog = log.New(f.logs, "http: ", 0)
 	f.srv.Start()

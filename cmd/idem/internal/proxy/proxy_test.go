@@ -168,7 +168,7 @@ func TestForwardsFaithfully(t *testing.T) {
 
 // protect puts the idem middleware on a memory store in front of h.
 func protect(h http.Handler) http.Handler {
-	return idem.New(idemmem.New(nil), &idem.Config{Logger: quietLogger()})(h)
+	return idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: quietLogger()}})(h)
 }
 
 func post(h http.Handler, key string) *httptest.ResponseRecorder {
@@ -530,7 +530,7 @@ func TestStripeErrorsWordTheProxysAnswers(t *testing.T) {
 	}))
 	defer slow.Close()
 	defer close(release)
-	stripe := idem.New(idemmem.New(nil), &idem.Config{Logger: quietLogger(), Profile: idem.ProfileStripe})
+	stripe := idem.New(idemmem.New(nil), &idem.Config{GuardConfig: idem.GuardConfig{Logger: quietLogger()}, Profile: idem.ProfileStripe})
 	for _, tt := range []struct {
 		name, upstream, code string
 		status               int

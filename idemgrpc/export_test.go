@@ -1,0 +1,4 @@
+package idemgrpc
+
+// HTTPStatus is httpStatus, for the external tests.
+var HTTPStatus = httpStatus
