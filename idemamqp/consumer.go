@@ -83,13 +83,13 @@ const (
 
 // Config configures a Consumer. A nil *Config means all defaults.
 type Config struct {
-	// Idem configures the core (idem.NewGuard): Lease, TTL, Transactional,
-	// StoreTimeout, Wait, Metrics, Tracer, Logger, Now and the other
-	// options that concern a call. Defaults to idem's defaults.
-	Idem idem.Config
+	// Guard configures the core (idem.GuardConfig): Lease, TTL,
+	// Transactional, StoreTimeout, Wait, Metrics, Tracer, Logger, Clock and
+	// the others. Its zero value means idem's defaults.
+	Guard idem.GuardConfig
 	// MessageID returns the message's id, the record's key; "" means the
 	// message has none (see MissingID). An id that is not 1–255 printable
-	// ASCII characters (or shorter than Idem.MinKeyLength) is replaced by
+	// ASCII characters (or shorter than Guard.MinKeyLength) is replaced by
 	// "sha256:" and its hex SHA-256. Defaults to the message-id property;
 	// Header reads a header instead.
 	MessageID func(d *amqp.Delivery) string
@@ -167,14 +167,14 @@ func (c *Config) withDefaults(queue string) Config {
 	if cfg.ConfirmTimeout <= 0 {
 		cfg.ConfirmTimeout = DefaultConfirmTimeout
 	}
-	if cfg.Idem.Lease <= 0 {
-		cfg.Idem.Lease = 30 * time.Second
+	if cfg.Guard.Lease <= 0 {
+		cfg.Guard.Lease = 30 * time.Second
 	}
-	if cfg.Idem.MinKeyLength <= 0 {
-		cfg.Idem.MinKeyLength = 1
+	if cfg.Guard.MinKeyLength <= 0 {
+		cfg.Guard.MinKeyLength = 1
 	}
-	if cfg.Idem.Logger == nil {
-		cfg.Idem.Logger = slog.Default()
+	if cfg.Guard.Logger == nil {
+		cfg.Guard.Logger = slog.Default()
 	}
 	return cfg
 }
@@ -228,15 +228,15 @@ type Consumer struct {
 // New returns a Consumer of queue on conn that runs h on store. conn
 // carries the copies to the delay and dead-letter queues, on channels of
 // the Consumer's own in confirm mode. A nil cfg means all defaults (see
-// Config). Like idem.NewGuard, it panics when cfg.Idem.Transactional is set
+// Config). Like idem.NewGuard, it panics when cfg.Guard.Transactional is set
 // and store does not implement idemstore.TxStore.
 func New(conn *amqp.Connection, queue string, store idemstore.Store, h Handler, cfg *Config) *Consumer {
 	c := cfg.withDefaults(queue)
 	return &Consumer{
-		guard:   idem.NewGuard(store, &c.Idem),
+		guard:   idem.NewGuard(store, &c.Guard),
 		handler: h,
 		cfg:     c,
-		log:     c.Idem.Logger,
+		log:     c.Guard.Logger,
 		conn:    conn,
 		queue:   queue,
 		pub:     &confirmer{conn: conn},
@@ -312,7 +312,7 @@ func (c *Consumer) Process(ctx context.Context, d *amqp.Delivery) (Outcome, erro
 		// The handler's effect happened but is not on record. The record
 		// stays in progress until its lease ends, then turns unknown, so
 		// the copy, back after the lease, never runs the handler again.
-		return dl.settle(ctx, OutcomeNotRecorded, err, slog.LevelError, "idemamqp: handler ran but its outcome was not recorded; to the delay queue", c.delay(c.retryDelay(c.cfg.Idem.Lease)))
+		return dl.settle(ctx, OutcomeNotRecorded, err, slog.LevelError, "idemamqp: handler ran but its outcome was not recorded; to the delay queue", c.delay(c.retryDelay(c.cfg.Guard.Lease)))
 	}
 	// ErrStoreUnavailable: the core logged the store's error.
 	return dl.settle(ctx, OutcomeStoreUnavailable, err, slog.LevelWarn, "idemamqp: store unavailable; to the delay queue", c.delay(c.retryDelay(ie.RetryAfter)))
@@ -321,7 +321,7 @@ func (c *Consumer) Process(ctx context.Context, d *amqp.Delivery) (Outcome, erro
 // missingID disposes of a message without an id as Config.MissingID says.
 func (dl *delivery) missingID(ctx context.Context) (Outcome, error) {
 	c := dl.c
-	if m := c.cfg.Idem.Metrics; m != nil {
+	if m := c.cfg.Guard.Metrics; m != nil {
 		m.Decision(c.cfg.Endpoint, "", idem.DecisionInvalid)
 	}
 	switch c.cfg.MissingID {
@@ -457,7 +457,7 @@ func headerInt(v any) int {
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
-	ok := len(id) >= c.cfg.Idem.MinKeyLength && len(id) <= idem.MaxKeyLength
+	ok := len(id) >= c.cfg.Guard.MinKeyLength && len(id) <= idem.MaxKeyLength
 	for i := 0; ok && i < len(id); i++ {
 		ok = id[i] >= 0x20 && id[i] < 0x7f
 	}

@@ -71,7 +71,7 @@ func TestDuplicateAfterExpiry(t *testing.T) {
 	b := setup(t, "sqlite", 0)
 	var runs counter
 	cfg := config(b.clock, nil)
-	cfg.Idem.TTL = time.Hour
+	cfg.Guard.TTL = time.Hour
 	c := b.newConsumer(t, b.db.store, runs.handler(msgID), cfg)
 
 	b.publish(t, `{"order":3}`, withID("order-3"))
@@ -352,7 +352,7 @@ func TestUnknown(t *testing.T) {
 		var log bytes.Buffer
 		var metrics decisions
 		cfg := config(b.clock, &log)
-		cfg.Idem.Metrics = &metrics
+		cfg.Guard.Metrics = &metrics
 		c := b.newConsumer(t, b.db.store, func(ctx context.Context, d *amqp.Delivery) error {
 			if runs.add(msgID(d)) == 1 {
 				idem.MarkUnknown(ctx)
@@ -457,7 +457,7 @@ func TestMissingID(t *testing.T) {
 			var metrics decisions
 			cfg := config(b.clock, nil)
 			cfg.MissingID = tc.action
-			cfg.Idem.Metrics = &metrics
+			cfg.Guard.Metrics = &metrics
 			c := b.newConsumer(t, b.db.store, func(context.Context, *amqp.Delivery) error {
 				runs.Add(1)
 				return nil
@@ -582,7 +582,7 @@ func TestTransactional(t *testing.T) {
 			b := setup(t, kind, 0)
 			var runs counter
 			cfg := config(b.clock, nil)
-			cfg.Idem.Transactional = true
+			cfg.Guard.Transactional = true
 			cfg.MessageID = eventID
 			c := b.newConsumer(t, b.db.store, func(ctx context.Context, d *amqp.Delivery) error {
 				id := eventID(d)

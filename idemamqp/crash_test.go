@@ -60,8 +60,8 @@ func TestConsumerKilled(t *testing.T) {
 				clock := newClock()
 				db := openDB(t, b.db.spec, clock.Now)
 				cfg := config(clock, nil)
-				cfg.Idem.Lease = 30 * time.Second
-				cfg.Idem.Transactional = mode == "tx"
+				cfg.Guard.Lease = 30 * time.Second
+				cfg.Guard.Transactional = mode == "tx"
 				c := b.newConsumer(t, db.store, crashHandler(db, mode, runs), cfg)
 
 				d := b.process(t, c, idemamqp.OutcomeInProgress)
@@ -152,7 +152,7 @@ func TestConsumerKilledChild(t *testing.T) {
 		fmt.Println(crashStarted)
 		time.Sleep(2 * time.Minute) // until killed
 		return nil
-	}, &idemamqp.Config{Idem: idem.Config{Lease: 30 * time.Second, Transactional: mode == "tx", Logger: config(newClock(), nil).Idem.Logger}})
+	}, &idemamqp.Config{Guard: idem.GuardConfig{Lease: 30 * time.Second, Transactional: mode == "tx", Logger: config(newClock(), nil).Guard.Logger}})
 	if err := c.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -24,8 +24,8 @@ import (
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
-	"github.com/idem-dev/idem/internal/testenv"
 	"github.com/idem-dev/idem/internal/integration/teststore"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // connect returns a connection to the test RabbitMQ, closed when the test
@@ -285,8 +285,8 @@ func config(clock *idemtest.Clock, log *bytes.Buffer) *idemamqp.Config {
 		w = &syncWriter{w: log}
 	}
 	return &idemamqp.Config{
-		Idem: idem.Config{
-			Now:          clock.Now,
+		Guard: idem.GuardConfig{
+			Clock:        clock,
 			StoreTimeout: 30 * time.Second,
 			Logger:       slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		},

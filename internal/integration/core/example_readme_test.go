@@ -272,7 +272,7 @@ func Example_readmeAMQP() {
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO billed VALUES (?, ?, ?)`, ev.ID, ev.PaymentID, ev.AmountCents)
 		return err
-	}, &idemamqp.Config{Idem: idem.Config{Transactional: true}})
+	}, &idemamqp.Config{Guard: idem.GuardConfig{Transactional: true}})
 	defer billing.Close()
 	if err := billing.Run(ctx); err != nil { // until Ctrl-C
 		log.Fatal(err)

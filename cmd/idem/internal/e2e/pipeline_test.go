@@ -363,7 +363,7 @@ func runConsumer(spec string) int {
 			ev.ID, ev.PaymentID, ev.AmountCents)
 		return err
 	}
-	core := idem.Config{Transactional: true, Lease: 2 * time.Second, Logger: logger}
+	core := idem.GuardConfig{Transactional: true, Lease: 2 * time.Second, Logger: logger}
 	ctx := context.Background()
 
 	switch kind {
@@ -389,7 +389,7 @@ func runConsumer(spec string) int {
 		}
 		billing := idemnats.New(store, func(ctx context.Context, msg jetstream.Msg) error {
 			return bill(ctx, msg.Data())
-		}, &idemnats.Config{Idem: core})
+		}, &idemnats.Config{Guard: core})
 		if _, err := cons.Consume(billing.Handle); err != nil {
 			return fail(err)
 		}
@@ -407,7 +407,7 @@ func runConsumer(spec string) int {
 		}
 		billing := idemamqp.New(conn, name+".billing", store, func(ctx context.Context, d *amqp.Delivery) error {
 			return bill(ctx, d.Body)
-		}, &idemamqp.Config{Idem: core})
+		}, &idemamqp.Config{Guard: core})
 		logger.Warn("listening", "addr", "billing")
 		return fail(errors.Join(errors.New("the consumer stopped"), billing.Run(ctx)))
 	}
