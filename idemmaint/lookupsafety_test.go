@@ -182,3 +182,134 @@ func TestHTTPReconcilerDotKeysStayUnknown(t *testing.T) {
 		t.Errorf("the upstream was asked about keys %q and paths %q; want nothing", byKey, others)
 	}
 }
+
+// tenantOrders is an orders API with one order, order-42 of tenant B:
+// GET /tenants/{tenant}/orders/by-key/{key} looks it up for a tenant, GET
+// /orders/by-key/{key} by key alone. It records every lookup's path.
+func newTenantOrders(t *testing.T) (*httptest.Server, func() []string) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		paths []string
+	)
+	answer := func(w http.ResponseWriter, r *http.Request, tenant string) {
+		mu.Lock()
+		paths = append(paths, r.URL.EscapedPath())
+		mu.Unlock()
+		if r.PathValue("key") != "order-42" || tenant != "" && tenant != "tenant-b" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"order":"order-42","tenant":"tenant-b"}`))
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /tenants/{tenant}/orders/by-key/{key}", func(w http.ResponseWriter, r *http.Request) {
+		answer(w, r, r.PathValue("tenant"))
+	})
+	mux.HandleFunc("GET /orders/by-key/{key}", func(w http.ResponseWriter, r *http.Request) { answer(w, r, "") })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), paths...)
+	}
+}
+
+// TestHTTPReconcilerKeepsTheScope: tenants A and B each have an unknown
+// order-42. A template without {scope} would settle A's record with B's
+// answer, and A's retries would replay B's order: it is refused for scoped
+// records (they stay unknown, nothing asked) unless Unscoped says the
+// upstream's keys are global. With {scope}, each tenant gets its own answer.
+func TestHTTPReconcilerKeepsTheScope(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv, asked := newTenantOrders(t)
+	a := idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /orders", Key: "order-42"}
+	b := idemstore.Identity{Scope: "tenant-b", Endpoint: "POST /orders", Key: "order-42"}
+	unscoped := idemstore.Identity{Endpoint: "POST /orders", Key: "order-42"}
+	bAnswer := `{"order":"order-42","tenant":"tenant-b"}`
+	setup := func(t *testing.T, tmpl *URLTemplate) (*idemmem.Store, ReconcileResult) {
+		t.Helper()
+		store := idemmem.New(nil)
+		for _, id := range []idemstore.Identity{a, b} {
+			if _, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+				Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := New(store, &Config{Logger: (&logBuffer{}).logger(), Reconcile: HTTPReconciler(tmpl, nil)}).Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store, res
+	}
+	get := func(t *testing.T, store *idemmem.Store, id idemstore.Identity) *idemstore.Record {
+		t.Helper()
+		rec, err := store.KeyGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+
+	byKey, err := ParseURLTemplate(srv.URL + "/orders/by-key/{key}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byKey.HasScope() {
+		t.Errorf("HasScope of a template without {scope}")
+	}
+	store, res := setup(t, byKey)
+	if res.Errors != 2 || res.Completed+res.Released != 0 {
+		t.Errorf("template without {scope}: %+v; want both records left unknown", res)
+	}
+	for _, id := range []idemstore.Identity{a, b} {
+		if rec := get(t, store, id); rec.State != idemstore.StateUnknown ||
+			!strings.Contains(rec.ReconcileError, "the record is scoped and the template has no {scope}") {
+			t.Errorf("%s: %s, error %q; want unknown, the scope named as the reason", id.Scope, rec.State, rec.ReconcileError)
+		}
+	}
+	if p := asked(); len(p) != 0 {
+		t.Fatalf("the upstream was asked %q; want nothing", p)
+	}
+	if _, err := byKey.Expand(a); err == nil {
+		t.Errorf("Expand of a scoped record without {scope}: no error")
+	}
+	if u, err := byKey.Expand(unscoped); err != nil || u != srv.URL+"/orders/by-key/order-42" {
+		t.Errorf("Expand of an unscoped record = %q, %v", u, err)
+	}
+
+	// The upstream's keys are global: the operator says so.
+	global := byKey.Unscoped()
+	if byKey.HasScope() || global.HasScope() {
+		t.Errorf("HasScope of a template without {scope}")
+	}
+	if _, err := byKey.Expand(a); err == nil {
+		t.Errorf("Unscoped changed the template it was called on")
+	}
+	store, res = setup(t, global)
+	if res.Completed != 2 || get(t, store, a).State != idemstore.StateCompleted {
+		t.Errorf("unscoped template: %+v; want both records completed with the global answer", res)
+	}
+
+	// With {scope}, each tenant gets its own answer.
+	scoped, err := ParseURLTemplate(srv.URL + "/tenants/{scope}/orders/by-key/{key}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !scoped.HasScope() {
+		t.Errorf("HasScope of a template with {scope}")
+	}
+	store, res = setup(t, scoped)
+	if res.Completed != 1 || res.Released != 1 {
+		t.Errorf("template with {scope}: %+v; want one completed, one released", res)
+	}
+	if rec := get(t, store, a); rec.State != idemstore.StateReleased {
+		t.Errorf("tenant A: %s; want released, B's order is not A's", rec.State)
+	}
+	if rec := get(t, store, b); rec.State != idemstore.StateCompleted || string(rec.Response.Body) != bAnswer {
+		t.Errorf("tenant B: %+v; want completed with its order", rec)
+	}
+}

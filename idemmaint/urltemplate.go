@@ -53,6 +53,11 @@ type URLTemplate struct {
 	parts []string
 	// endpoint reports that {method} or {path} is used.
 	endpoint bool
+	// scope reports that {scope} is used.
+	scope bool
+	// unscoped reports that scoped records may be looked up without
+	// {scope} (Unscoped).
+	unscoped bool
 }
 
 // probe stands for every placeholder when the template is checked as a URL:
@@ -83,6 +88,7 @@ func ParseURLTemplate(s string) (*URLTemplate, error) {
 			case placeholderMethod, placeholderPath:
 				t.endpoint = true
 			case placeholderScope:
+				t.scope = true
 			default:
 				return nil, fmt.Errorf("unknown placeholder {%s}: want {key}, {method}, {path} or {scope}", clip(name, 20))
 			}
@@ -103,6 +109,19 @@ func ParseURLTemplate(s string) (*URLTemplate, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// HasScope reports whether the template has a {scope} placeholder.
+func (t *URLTemplate) HasScope() bool { return t.scope }
+
+// Unscoped returns a copy of t whose Expand looks up scoped records
+// although t has no {scope}: for an upstream whose keys are global, where
+// the same key in two scopes names one operation (--reconcile-unscoped).
+// Without it, Expand refuses a scoped record when t has no {scope}.
+func (t *URLTemplate) Unscoped() *URLTemplate {
+	c := *t
+	c.unscoped = true
+	return &c
 }
 
 // check checks that the template is an absolute http or https URL whose
@@ -142,6 +161,9 @@ func (t *URLTemplate) check() error {
 	return nil
 }
 
+var errScopeDropped = errors.New("the record is scoped and the template has no {scope}: the lookup would answer for " +
+	"another scope's key; not looked up (add {scope}, or declare the upstream's keys global)")
+
 var errPlaceholderPlace = errors.New("a placeholder may stand in the path or the query only, not in the scheme, host or port")
 
 // afterAuthority reports whether the literal text before the first
@@ -162,8 +184,10 @@ func clip(s string, n int) string {
 
 // Expand returns the lookup URL of a record: the template with every
 // placeholder replaced by the escaped value. It fails when the template
-// uses {method} or {path} and the endpoint is not "METHOD PATH", and when a
-// value in the path would make a path segment of only dots or slashes, or
+// uses {method} or {path} and the endpoint is not "METHOD PATH"; when the
+// record has a scope and the template has no {scope} (unless Unscoped):
+// the lookup would settle one tenant's record with another's answer for
+// the same key; and when a value in the path would make a path segment of only dots or slashes, or
 // an empty one: a server or a proxy that decodes and then cleans paths
 // (removing "." and ".." segments, merging slashes) would answer for
 // another path, so no key can change the lookup's path.
@@ -171,6 +195,9 @@ func (t *URLTemplate) Expand(id idemstore.Identity) (string, error) {
 	method, path, ok := strings.Cut(id.Endpoint, " ")
 	if t.endpoint && (!ok || method == "" || path == "") {
 		return "", fmt.Errorf("endpoint %q is not METHOD PATH: {method} and {path} have no value", clip(id.Endpoint, 100))
+	}
+	if id.Scope != "" && !t.scope && !t.unscoped {
+		return "", errScopeDropped
 	}
 	var (
 		b       strings.Builder

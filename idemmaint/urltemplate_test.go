@@ -14,7 +14,8 @@ const awkwardKey = `a/b?c&d=e#f%20g+h i;j,k:l@m$n!o'p(q)r*s[t]u{v}w|x\y^z"` + "`
 
 func TestURLTemplateExpand(t *testing.T) {
 	t.Parallel()
-	id := idemstore.Identity{Scope: "acme corp", Endpoint: "POST /v1/a%2Fb", Key: "k-1"}
+	id := idemstore.Identity{Endpoint: "POST /v1/a%2Fb", Key: "k-1"}
+	scoped := idemstore.Identity{Scope: "acme corp", Endpoint: "POST /v1/a%2Fb", Key: "k-1"}
 	tests := []struct {
 		name, template string
 		id             idemstore.Identity
@@ -22,7 +23,7 @@ func TestURLTemplateExpand(t *testing.T) {
 	}{
 		{name: "key in the path", template: "https://api.example/orders/by-key/{key}", id: id,
 			want: "https://api.example/orders/by-key/k-1"},
-		{name: "every placeholder", template: "http://127.0.0.1:9000/lookup/{key}?m={method}&p={path}&s={scope}", id: id,
+		{name: "every placeholder", template: "http://127.0.0.1:9000/lookup/{key}?m={method}&p={path}&s={scope}", id: scoped,
 			want: "http://127.0.0.1:9000/lookup/k-1?m=POST&p=%2Fv1%2Fa%252Fb&s=acme%20corp"},
 		{name: "placeholder twice", template: "http://h/{key}/{key}", id: id, want: "http://h/k-1/k-1"},
 		{name: "adjacent placeholders", template: "http://h/{method}{key}", id: id, want: "http://h/POSTk-1"},
@@ -240,6 +241,12 @@ func FuzzParseURLTemplate(f *testing.F) {
 			t.Fatalf("the template without its placeholders is not a URL: %v", err)
 		}
 		id := idemstore.Identity{Scope: key, Endpoint: "POST /" + key, Key: key}
+		if !tmpl.HasScope() && key != "" {
+			if _, err := tmpl.Expand(id); err != errScopeDropped {
+				t.Fatalf("Expand of a scoped record by %q: %v, want errScopeDropped", template, err)
+			}
+			tmpl = tmpl.Unscoped()
+		}
 		raw, err := tmpl.Expand(id)
 		if err != nil {
 			if strings.Trim(key, "./") != "" || !strings.Contains(err.Error(), "would make a path segment of only dots or slashes") {

@@ -62,7 +62,7 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 	if o.batchSize == 0 {
 		return nil, usageErrorf("--batch-size must be positive")
 	}
-	if err := o.reconcile.check(true); err != nil {
+	if err := o.reconcile.check(true, ""); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -19,6 +19,7 @@ type reconcileOptions struct {
 	header   headerLines
 	timeout  time.Duration
 	interval time.Duration
+	unscoped bool
 	// tmpl is the parsed --reconcile-url, set by check; nil without it.
 	tmpl *idemmaint.URLTemplate
 }
@@ -34,19 +35,26 @@ func (o *reconcileOptions) register(fs *flagSet) {
 		"(the variable takes one a line); values are never printed")
 	fs.Var(durationValue{p: &o.timeout}, "reconcile-timeout", "`DURATION` a lookup may take")
 	fs.Var(durationValue{p: &o.interval}, "reconcile-interval", "`DURATION` between two reconciliation passes")
+	fs.BoolVar(&o.unscoped, "reconcile-unscoped", o.unscoped,
+		"the upstream's keys are global: look up a scoped record by a --reconcile-url without {scope} (else such a record is not looked up)")
 }
 
 // check validates the flags after parsing; maintained reports that a
-// maintainer runs (always for `idem maintain`, --maintain for the proxy).
-// Its errors never repeat the template or a header's value: they may hold
+// maintainer runs (always for `idem maintain`, --maintain for the proxy),
+// and scopeHeader is the proxy's --scope-header (empty for `idem
+// maintain`, which does not know how the keys were scoped). Its errors
+// never repeat the template or a header's value: they may hold
 // credentials.
-func (o *reconcileOptions) check(maintained bool) error {
+func (o *reconcileOptions) check(maintained bool, scopeHeader string) error {
 	if o.header.err != nil {
 		return usageErrorf("--reconcile-header (or %s): %v", envName("reconcile-header"), o.header.err)
 	}
 	if o.url == "" {
 		if len(o.header.h) > 0 {
 			return usageErrorf("--reconcile-header needs --reconcile-url")
+		}
+		if o.unscoped {
+			return usageErrorf("--reconcile-unscoped needs --reconcile-url")
 		}
 		return nil
 	}
@@ -56,6 +64,14 @@ func (o *reconcileOptions) check(maintained bool) error {
 	t, err := idemmaint.ParseURLTemplate(o.url)
 	if err != nil {
 		return usageErrorf("--reconcile-url (or %s): %v", envName("reconcile-url"), err)
+	}
+	if scopeHeader != "" && !t.HasScope() && !o.unscoped {
+		return usageErrorf("--reconcile-url has no {scope} while --scope-header scopes the keys: a lookup would settle "+
+			"one tenant's key with another tenant's answer for the same key; add {scope} to the template, "+
+			"or --reconcile-unscoped (%s) if the upstream's keys are global", envName("reconcile-unscoped"))
+	}
+	if o.unscoped {
+		t = t.Unscoped()
 	}
 	o.tmpl = t
 	return nil

@@ -122,6 +122,99 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 	}
 }
 
+// A proxy whose keys are scoped refuses a lookup template without {scope}:
+// it would settle one tenant's key with another's answer. The operator may
+// say the upstream's keys are global.
+func TestProxyReconcileKeepsTheScope(t *testing.T) {
+	t.Parallel()
+	scoped := []string{"--upstream", "http://u", "--maintain", "--scope-header", "X-Tenant"}
+	_, err := parseProxy(append(scoped, "--reconcile-url", "http://h/orders/{key}?token=SECRET"), newTestEnv(nil).env)
+	var uerr usageError
+	if err == nil || !errors.As(err, &uerr) || !strings.Contains(err.Error(),
+		"--reconcile-url has no {scope} while --scope-header scopes the keys") || strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("error = %v, want a usage error naming the missing {scope}, without the template", err)
+	}
+	for name, args := range map[string][]string{
+		"flag":     {"--reconcile-url", "http://h/orders/{key}", "--reconcile-unscoped"},
+		"variable": {"--reconcile-url", "http://h/orders/{key}"},
+	} {
+		o, err := parseProxy(append(scoped, args...), newTestEnv(map[string]string{"IDEM_RECONCILE_UNSCOPED": "true"}).env)
+		if err != nil || !o.reconcile.unscoped {
+			t.Errorf("%s: %+v, %v; want the unscoped lookup accepted", name, o, err)
+		}
+	}
+	if o, err := parseProxy(append(scoped, "--reconcile-url", "http://h/tenants/{scope}/orders/{key}"), newTestEnv(nil).env); err != nil ||
+		o.reconcile.unscoped {
+		t.Errorf("a template with {scope}: %+v, %v", o, err)
+	}
+	// Without --scope-header every key has the empty scope: nothing to keep.
+	if _, err := parseProxy([]string{"--upstream", "http://u", "--maintain", "--reconcile-url", "http://h/orders/{key}"}, newTestEnv(nil).env); err != nil {
+		t.Errorf("an unscoped proxy: %v", err)
+	}
+	for _, cmd := range []string{"maintain", "proxy"} {
+		var err error
+		if cmd == "maintain" {
+			_, err = parseMaintain([]string{"--reconcile-unscoped"}, newTestEnv(nil).env)
+		} else {
+			_, err = parseProxy(append(scoped, "--reconcile-unscoped"), newTestEnv(nil).env)
+		}
+		if err == nil || !errors.As(err, &uerr) || !strings.Contains(err.Error(), "--reconcile-unscoped needs --reconcile-url") {
+			t.Errorf("%s --reconcile-unscoped alone: %v, want a usage error", cmd, err)
+		}
+	}
+}
+
+// `idem proxy --scope-header --maintain --reconcile-url` with {scope}:
+// tenants A and B each have an unknown order-42, and each is settled by the
+// lookup of its own tenant (the scope is the hash the proxy stores).
+func TestProxyMaintainReconcilesEachScope(t *testing.T) {
+	t.Parallel()
+	a, b := scopeOf("tenant-a"), scopeOf("tenant-b")
+	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/tenants/" + b + "/orders/by-key/order-42":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(`{"order":"b-42"}`))
+		case "/tenants/" + a + "/orders/by-key/order-42":
+			w.WriteHeader(http.StatusNotFound)
+		default:
+			w.WriteHeader(http.StatusBadRequest)
+		}
+	}))
+	defer lookup.Close()
+	u := sqliteURL(t)
+	store, closeStore, err := storeurl.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeStore()
+	ids := []idemstore.Identity{{Scope: a, Endpoint: payments, Key: "order-42"}, {Scope: b, Endpoint: payments, Key: "order-42"}}
+	for _, id := range ids {
+		if _, err := store.KeyReserve(t.Context(), &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+			Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, e, stop := startProxy(t, "--upstream", "http://127.0.0.1:9", "--store", u, "--maintain", "--scope-header", "X-Tenant",
+		"--reconcile-url", lookup.URL+"/tenants/{scope}/orders/by-key/{key}")
+	for _, id := range ids {
+		if !e.stderr.waitFor(`msg="idemmaint: unknown outcome reconciled" key_hash=`+id.LogHash(), 20*time.Second) {
+			t.Fatalf("the proxy's maintainer did not reconcile %s's record:\n%s", id.Scope, e.stderr)
+		}
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit code = %d; stderr: %s", code, e.stderr)
+	}
+	if rec, err := store.KeyGet(t.Context(), ids[0]); err != nil || rec.State != idemstore.StateReleased {
+		t.Errorf("tenant A: %+v, %v; want released (its order-42 never happened)", rec, err)
+	}
+	if rec, err := store.KeyGet(t.Context(), ids[1]); err != nil || rec.State != idemstore.StateCompleted || rec.Response == nil ||
+		string(rec.Response.Body) != `{"order":"b-42"}` {
+		t.Errorf("tenant B: %+v, %v; want completed with its own order", rec, err)
+	}
+}
+
 // The proxy reconciles in its maintainer only.
 func TestProxyReconcileNeedsMaintain(t *testing.T) {
 	t.Parallel()
@@ -188,7 +281,7 @@ func TestMaintainOnceReconciles(t *testing.T) {
 	}
 	e := newTestEnv(map[string]string{"IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret"})
 	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:",
-		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}"); err != nil {
+		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}&s={scope}"); err != nil {
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	out := e.stdout.String()
