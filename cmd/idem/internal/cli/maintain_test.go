@@ -16,7 +16,7 @@ import (
 func TestParseMaintain(t *testing.T) {
 	t.Parallel()
 	def := maintainOptions{store: "sqlite:./idem.db", sweepInterval: 10 * time.Second, reapInterval: time.Minute, batchSize: 1000,
-		reconcile: reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second}}
+		reconcile: reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second, concurrency: 4}}
 	tests := []struct {
 		name    string
 		args    []string

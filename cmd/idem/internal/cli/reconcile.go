@@ -12,6 +12,11 @@ import (
 	"github.com/idem-dev/idem/idemmaint"
 )
 
+// defaultReconcileConcurrency is --reconcile-concurrency's default: a few
+// lookups at once, enough to keep up with a slow lookup without flooding
+// it.
+const defaultReconcileConcurrency = 4
+
 // reconcileOptions are the flags of the reconciler that `idem maintain` and
 // `idem proxy --maintain` share: --reconcile-url and its settings.
 type reconcileOptions struct {
@@ -20,6 +25,8 @@ type reconcileOptions struct {
 	timeout  time.Duration
 	interval time.Duration
 	unscoped bool
+	// concurrency is the number of lookups at once.
+	concurrency int
 	// tmpl is the parsed --reconcile-url, set by check; nil without it.
 	tmpl *idemmaint.URLTemplate
 }
@@ -28,6 +35,7 @@ type reconcileOptions struct {
 func (o *reconcileOptions) register(fs *flagSet) {
 	o.timeout = idemmaint.DefaultLookupTimeout
 	o.interval = idemmaint.DefaultReconcileInterval
+	o.concurrency = defaultReconcileConcurrency
 	fs.StringVar(&o.url, "reconcile-url", o.url,
 		"lookup `TEMPLATE` that settles unknown records: GET it with {key}, {method}, {path}, {scope} filled in; "+
 			"2xx = applied (its answer is replayed), 404/410 = never applied (released), else asked again later")
@@ -35,6 +43,8 @@ func (o *reconcileOptions) register(fs *flagSet) {
 		"(the variable takes one a line); values are never printed")
 	fs.Var(durationValue{p: &o.timeout}, "reconcile-timeout", "`DURATION` a lookup may take")
 	fs.Var(durationValue{p: &o.interval}, "reconcile-interval", "`DURATION` between two reconciliation passes")
+	fs.Var(countValue{&o.concurrency}, "reconcile-concurrency", "`N` lookups at once; a pass asks about at most N records "+
+		"per --reconcile-timeout of its time and leaves the others for the next pass")
 	fs.BoolVar(&o.unscoped, "reconcile-unscoped", o.unscoped,
 		"the upstream's keys are global: look up a scoped record by a --reconcile-url without {scope} (else such a record is not looked up)")
 }
@@ -48,6 +58,9 @@ func (o *reconcileOptions) register(fs *flagSet) {
 func (o *reconcileOptions) check(maintained bool, scopeHeader string) error {
 	if o.header.err != nil {
 		return usageErrorf("--reconcile-header (or %s): %v", envName("reconcile-header"), o.header.err)
+	}
+	if o.concurrency < 1 {
+		return usageErrorf("--reconcile-concurrency must be at least 1")
 	}
 	if o.url == "" {
 		if len(o.header.h) > 0 {
@@ -85,6 +98,11 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		return
 	}
 	cfg.ReconcileInterval = o.interval
+	cfg.ReconcileConcurrency = o.concurrency
+	cfg.ReconcileTimeout = o.timeout
+	// A pass has time for two rounds of lookups at least, however long
+	// --reconcile-timeout is.
+	cfg.PassTimeout = max(idemmaint.DefaultPassTimeout, 2*o.timeout)
 	cfg.Reconcile = idemmaint.HTTPReconciler(o.tmpl, &idemmaint.HTTPConfig{
 		Header:  o.header.h,
 		Timeout: o.timeout,
@@ -111,6 +129,8 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		"headers", strings.Join(names, ","),
 		"timeout", o.timeout,
 		"interval", o.interval,
+		"concurrency", o.concurrency,
+		"unscoped", o.unscoped,
 	)
 }
 

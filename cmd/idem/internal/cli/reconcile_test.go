@@ -2,10 +2,12 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,11 +29,14 @@ func TestParseReconcileFlags(t *testing.T) {
 		wantHeader   http.Header
 		wantTimeout  time.Duration
 		wantInterval time.Duration
+		wantWorkers  int
 	}{
 		{name: "flags", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "authorization:Bearer s3cret",
-			"--reconcile-timeout", "2s", "--reconcile-interval", "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"--reconcile-timeout", "2s", "--reconcile-interval", "20s", "--reconcile-concurrency", "16"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
 		{name: "variables", env: map[string]string{"IDEM_RECONCILE_URL": tmpl, "IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret",
-			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s", "IDEM_RECONCILE_CONCURRENCY": "16"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
 		{name: "repeated header", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "X-A: 1", "--reconcile-header", "x-a:  2 ",
 			"--reconcile-header", "X-B: b c"}, wantHeader: http.Header{"X-A": {"1", "2"}, "X-B": {"b c"}}, wantTimeout: 5 * time.Second, wantInterval: 30 * time.Second},
 		{name: "headers one a line in the variable", env: map[string]string{"IDEM_RECONCILE_URL": tmpl,
@@ -44,12 +49,15 @@ func TestParseReconcileFlags(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			if tt.wantWorkers == 0 {
+				tt.wantWorkers = 4 // the default
+			}
 			check := func(cmd string, o *reconcileOptions) {
 				t.Helper()
 				if o.url != tmpl || o.tmpl == nil || !reflect.DeepEqual(o.header.h, tt.wantHeader) ||
-					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval {
-					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v",
-						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval)
+					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval || o.concurrency != tt.wantWorkers {
+					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v, concurrency %d",
+						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval, tt.wantWorkers)
 				}
 			}
 			m, err := parseMaintain(tt.args, newTestEnv(tt.env).env)
@@ -100,6 +108,10 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 		{name: "header without url", args: []string{"--reconcile-header", "Authorization: SECRET"}, wantErr: "--reconcile-header needs --reconcile-url"},
 		{name: "timeout zero", args: []string{"--reconcile-url", tmpl, "--reconcile-timeout", "0"}, wantErr: "want a positive duration"},
 		{name: "interval not a duration", args: []string{"--reconcile-url", tmpl, "--reconcile-interval", "30"}, wantErr: "want a Go duration"},
+		{name: "concurrency zero", args: []string{"--reconcile-url", tmpl, "--reconcile-concurrency", "0"},
+			wantErr: "--reconcile-concurrency must be at least 1"},
+		{name: "concurrency not a number", args: []string{"--reconcile-url", tmpl}, env: map[string]string{"IDEM_RECONCILE_CONCURRENCY": "many"},
+			wantErr: "want a number"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,6 +224,89 @@ func TestProxyMaintainReconcilesEachScope(t *testing.T) {
 	if rec, err := store.KeyGet(t.Context(), ids[1]); err != nil || rec.State != idemstore.StateCompleted || rec.Response == nil ||
 		string(rec.Response.Body) != `{"order":"b-42"}` {
 		t.Errorf("tenant B: %+v, %v; want completed with its own order", rec, err)
+	}
+}
+
+// The maintainer's reconciler gets the flags: its concurrency, and a call
+// timeout and a pass long enough for at least two rounds of lookups.
+func TestReconcileOptionsApply(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args        []string
+		concurrency int
+		timeout     time.Duration
+		pass        time.Duration
+	}{
+		{nil, 4, 5 * time.Second, 30 * time.Second},
+		{[]string{"--reconcile-concurrency", "8", "--reconcile-timeout", "2s"}, 8, 2 * time.Second, 30 * time.Second},
+		{[]string{"--reconcile-timeout", "40s"}, 4, 40 * time.Second, 80 * time.Second},
+	} {
+		e := newTestEnv(nil)
+		o, err := parseMaintain(append([]string{"--reconcile-url", "http://h/{key}"}, tt.args...), e.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := maintainerConfig(e.env, 0, 0, 0)
+		o.reconcile.apply(e.env, cfg, 1<<20)
+		if cfg.Reconcile == nil || cfg.ReconcileConcurrency != tt.concurrency || cfg.ReconcileTimeout != tt.timeout || cfg.PassTimeout != tt.pass {
+			t.Errorf("%q: concurrency %d, timeout %v, pass %v; want %d, %v, %v", tt.args,
+				cfg.ReconcileConcurrency, cfg.ReconcileTimeout, cfg.PassTimeout, tt.concurrency, tt.timeout, tt.pass)
+		}
+	}
+}
+
+// `idem maintain --once --reconcile-concurrency 4` asks about four records
+// at once: the lookup answers only once four lookups are waiting together.
+func TestMaintainOnceReconcilesConcurrently(t *testing.T) {
+	t.Parallel()
+	const concurrency, records = 4, 12
+	var (
+		mu      sync.Mutex
+		waiting int
+		peak    int
+		full    = make(chan struct{})
+	)
+	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		waiting++
+		peak = max(peak, waiting)
+		if waiting == concurrency {
+			select {
+			case <-full:
+			default:
+				close(full)
+			}
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); waiting--; mu.Unlock() }()
+		select {
+		case <-full:
+			w.WriteHeader(http.StatusNotFound)
+		case <-time.After(3 * time.Second):
+			w.WriteHeader(http.StatusServiceUnavailable) // never four at once
+		}
+	}))
+	defer lookup.Close()
+	store := idemmem.New(nil)
+	ctx := t.Context()
+	for i := range records {
+		id := idemstore.Identity{Endpoint: payments, Key: fmt.Sprintf("k-%02d", i)}
+		if _, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+			Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newTestEnv(map[string]string{"IDEM_RECONCILE_CONCURRENCY": "4"})
+	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}"); err != nil {
+		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
+	}
+	if out := e.stdout.String(); !strings.Contains(out, fmt.Sprintf("Reconciled %d unknown records: 0 completed, %d released.", records, records)) {
+		t.Errorf("stdout:\n%s\nstderr:\n%s", out, e.stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != concurrency {
+		t.Errorf("%d lookups at once at most, want %d", peak, concurrency)
 	}
 }
 
