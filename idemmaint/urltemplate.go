@@ -42,7 +42,8 @@ const (
 // percent-encoded whole (".." is sent as %2E%2E), and Expand refuses a
 // record whose values would make a path segment of only dots or slashes
 // (".", "..", "...", "/"), or an empty one: a server or a proxy that
-// decodes and then cleans paths (nginx, Go's ServeMux before Go 1.22)
+// decodes and then cleans paths (Go's ServeMux with
+// GODEBUG=httpmuxgo121=1, proxies that normalise the path they forward)
 // would answer for another path, and Go's ServeMux reads a lone %2F as a
 // trailing slash. Such a record is not looked up; in the query any value
 // is safe. A server that decodes %2F before routing reads a key with a
