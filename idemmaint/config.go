@@ -19,6 +19,7 @@ const (
 	DefaultBatchPause        = 10 * time.Millisecond
 	DefaultBackoffBase       = 30 * time.Second
 	DefaultBackoffMax        = time.Hour
+	DefaultReconcileTimeout  = 5 * time.Second
 )
 
 // Config configures a Maintainer. A nil *Config means all defaults.
@@ -35,8 +36,9 @@ type Config struct {
 	// BatchSize bounds the records one store call sweeps, reaps or lists.
 	// Defaults to 1000.
 	BatchSize int
-	// ScanLimit bounds the unknown records one reconciliation pass claims
-	// and the in_progress records it inspects to measure
+	// ScanLimit bounds the unknown records one reconciliation pass claims,
+	// the ones it lists to count those it left (ReconcileResult.Left), and
+	// the in_progress records it inspects to measure
 	// Stats.OldestInProgress. Defaults to 10000.
 	ScanLimit int
 	// PassTimeout bounds each pass of each job; a pass that runs out of time
@@ -55,15 +57,30 @@ type Config struct {
 	// StateReleased, or an empty Resolution when it cannot tell yet; an
 	// error or a panic counts as unresolved, and is stored on the record
 	// (Record.ReconcileError) with the next attempt's time. It is called
-	// from one goroutine, one record at a time, with the pass's context, for
-	// records the pass claimed in the store: maintainers sharing a store
-	// never ask about the same record at once. Defaults to nil: unknown
+	// for records the pass claimed in the store, so maintainers sharing a
+	// store never ask about the same record at once, from up to
+	// ReconcileConcurrency goroutines at once (one by default), with a
+	// context that ends after ReconcileTimeout. Defaults to nil: unknown
 	// records are only counted (Stats.UnknownBacklog), never resolved.
 	Reconcile func(ctx context.Context, rec *idemstore.Record) (Resolution, error)
 	// ReconcileBackoff spaces the attempts at an unresolved record; the
 	// next attempt's time is kept in the store (Record.ReconcileAfter).
 	// Defaults to a Base of 30 seconds and a Max of 1 hour.
 	ReconcileBackoff Backoff
+	// ReconcileConcurrency is the number of records a pass reconciles at
+	// once: Config.Reconcile is called from up to that many goroutines.
+	// Defaults to 1.
+	ReconcileConcurrency int
+	// ReconcileTimeout bounds each call of Config.Reconcile: the call's
+	// context ends after it, and a call that runs out is an unresolved
+	// attempt. A pass claims only the records it can reconcile in the time
+	// it has left even if every call takes all of it: ReconcileConcurrency
+	// records for every ReconcileTimeout in nine tenths of that time (the
+	// rest is kept for the store's writes); the others stay unclaimed for
+	// the next pass or another maintainer, and are counted
+	// (ReconcileResult.Left). Defaults to 5 seconds; at most half of
+	// PassTimeout (a longer one is cut to it).
+	ReconcileTimeout time.Duration
 
 	// Logger receives the maintainer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -133,6 +150,13 @@ func (cfg *Config) withDefaults() Config {
 		c.ReconcileBackoff.Max = DefaultBackoffMax
 	}
 	c.ReconcileBackoff.Max = max(c.ReconcileBackoff.Max, c.ReconcileBackoff.Base)
+	if c.ReconcileConcurrency <= 0 {
+		c.ReconcileConcurrency = 1
+	}
+	if c.ReconcileTimeout <= 0 {
+		c.ReconcileTimeout = DefaultReconcileTimeout
+	}
+	c.ReconcileTimeout = min(c.ReconcileTimeout, c.PassTimeout/2)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

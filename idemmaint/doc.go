@@ -16,11 +16,15 @@
 //     jitter, logged at warn with their attempt count and counted in Stats.
 //     HTTPReconciler is such a function for any HTTP API with a lookup by
 //     key: it GETs a URLTemplate filled in with the record's key (2xx
-//     completed with that answer, 404/410 released, anything else unknown).
+//     completed with that answer, 404/410 released, anything else unknown),
+//     and never asks about a record whose values would change the lookup's
+//     path, nor about a scoped record by a template without {scope}.
 //     The reconciliation state lives in the store: each pass claims the due
-//     records (KeyReconcileClaim) and records every failed attempt with its
-//     error and next time (KeyReconcileFail), so a restarted process or
-//     another node carries on where the last one stopped.
+//     records it can reconcile in its time (KeyReconcileClaim), asks about
+//     them Config.ReconcileConcurrency at a time, and records every failed
+//     attempt with its error and next time (KeyReconcileFail), so a
+//     restarted process or another node carries on where the last one
+//     stopped.
 //
 // Library users run a Maintainer in their own process:
 //

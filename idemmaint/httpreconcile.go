@@ -46,9 +46,11 @@ type HTTPConfig struct {
 	// Content-Length are never stored. Defaults to the middleware's default
 	// (idem.DefaultStoredHeaders()).
 	StoredHeaders []string
-	// Client sends the lookups. Defaults to a client of its own that does
-	// not follow redirects (a redirect is an answer like any other 3xx:
-	// still unknown).
+	// Client sends the lookups: its Transport, Jar and Timeout are used,
+	// never its CheckRedirect. A lookup never follows a redirect: a
+	// redirect is an answer like any other 3xx, still unknown (the server
+	// that cleaned the path or moved the resource may point anywhere).
+	// Defaults to a client of its own.
 	Client *http.Client
 }
 
@@ -62,9 +64,14 @@ type HTTPConfig struct {
 //     cfg.MaxBody).
 //   - 404 or 410: the operation was never applied. The record becomes
 //     released and the next retry executes it.
-//   - anything else, or no answer within cfg.Timeout: still unknown; the
-//     maintainer asks again after a backoff. The error says why, without
-//     the URL (which holds the key).
+//   - anything else (a redirect included: it is never followed), or no
+//     answer within cfg.Timeout: still unknown; the maintainer asks again
+//     after a backoff. The error says why, without the URL (which holds
+//     the key).
+//
+// A record whose lookup URL the template cannot make safely is not looked
+// up: it stays unknown with the reason as its error (see
+// URLTemplate.Expand).
 //
 // The endpoint must answer 404 or 410 only when it knows that the operation
 // never happened: most servers answer 404 to a path they do not route too,
@@ -161,10 +168,11 @@ func (cfg *HTTPConfig) withDefaults() HTTPConfig {
 	if c.StoredHeaders == nil {
 		c.StoredHeaders = defaultStoredHeaders
 	}
-	if c.Client == nil {
-		c.Client = &http.Client{
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
+	var client http.Client
+	if c.Client != nil {
+		client = *c.Client // a copy: the caller's client keeps its own CheckRedirect
 	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.Client = &client
 	return c
 }

@@ -199,7 +199,7 @@ func TestHTTPReconcilerInMaintainer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tmpl, err := ParseURLTemplate(srv.URL + "/lookup/{key}")
+	tmpl, err := ParseURLTemplate(srv.URL + "/lookup/{key}?scope={scope}")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,11 @@ type Stats struct {
 	Unresolved int
 	// MaxAttempts is the most failed attempts any of those records has had.
 	MaxAttempts int
+	// ReconcileLeft is the number of due unknown records the last
+	// reconciliation pass could not reconcile in its time and left for the
+	// next pass (ReconcileResult.Left): when it stays above zero, raise
+	// Config.ReconcileConcurrency.
+	ReconcileLeft int
 	// UnknownBacklog is the number of unknown records in the store, counted
 	// by the store (KeyBacklog) at the end of the last reconciliation pass:
 	// every maintainer on the store reports the same.

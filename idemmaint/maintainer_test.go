@@ -279,11 +279,16 @@ func TestConfigDefaults(t *testing.T) {
 	if c.SweepInterval != 10*time.Second || c.ReapInterval != time.Minute || c.ReconcileInterval != 30*time.Second ||
 		c.BatchSize != 1000 || c.ScanLimit != 10000 || c.PassTimeout != 30*time.Second || c.BatchPause != 10*time.Millisecond ||
 		c.ReconcileBackoff != (Backoff{Base: 30 * time.Second, Max: time.Hour}) ||
+		c.ReconcileConcurrency != 1 || c.ReconcileTimeout != 5*time.Second ||
 		c.Logger == nil || c.Now == nil || c.Reconcile != nil {
 		t.Fatalf("defaults = %+v", c)
 	}
 	c = (&Config{BatchPause: -1, ReconcileBackoff: Backoff{Base: 2 * time.Hour}}).withDefaults()
 	if c.BatchPause != 0 || c.ReconcileBackoff.Max != 2*time.Hour {
 		t.Fatalf("BatchPause %v, backoff %+v; want no pause and Max raised to Base", c.BatchPause, c.ReconcileBackoff)
+	}
+	c = (&Config{PassTimeout: 4 * time.Second, ReconcileTimeout: time.Minute}).withDefaults()
+	if c.ReconcileTimeout != 2*time.Second {
+		t.Fatalf("ReconcileTimeout %v; want it cut to half of PassTimeout", c.ReconcileTimeout)
 	}
 }

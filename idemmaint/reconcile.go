@@ -1,11 +1,13 @@
 package idemmaint
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -26,8 +28,9 @@ type Resolution struct {
 // ReconcileResult counts what one reconciliation pass did.
 type ReconcileResult struct {
 	// Listed is the number of unknown records the pass claimed from the
-	// store (at most Config.ScanLimit); Truncated reports that it stopped
-	// at that limit.
+	// store (at most Config.ScanLimit, and no more than it could reconcile
+	// in its time: see Config.ReconcileTimeout); Truncated reports that it
+	// stopped at ScanLimit.
 	Listed    int
 	Truncated bool
 	// Deferred counts the records a claim returned that this pass had
@@ -53,21 +56,44 @@ type ReconcileResult struct {
 	// ended (KeyBacklog), whoever reconciles them; 0 when it could not be
 	// counted.
 	Backlog int
+	// Left counts the due records the pass could not reconcile, for the
+	// next pass or another maintainer: those it claimed and neither settled
+	// nor scheduled again (the pass was stopped or the store failed; the
+	// claim holds them until the pass's time ends), and, when it stopped
+	// claiming for lack of time or at ScanLimit, the unknown records due on
+	// Config.Now that it found in the store (listing at most ScanLimit
+	// unknown records). It does not count the Deferred ones.
+	Left int
+}
+
+// add adds the counts of the records o reconciled to r.
+func (r *ReconcileResult) add(o ReconcileResult) {
+	r.Attempted += o.Attempted
+	r.Completed += o.Completed
+	r.Released += o.Released
+	r.Lost += o.Lost
+	r.Unresolved += o.Unresolved
+	r.Errors += o.Errors
+	r.MaxAttempts = max(r.MaxAttempts, o.MaxAttempts)
 }
 
 // Reconcile runs one reconciliation pass: it sweeps the expired leases
-// (Sweep), then claims the unknown records
-// that are due (KeyReconcileClaim, BatchSize a batch, at most ScanLimit),
-// hands each one to Config.Reconcile and applies its resolution with
+// (Sweep), then claims the unknown records that are due
+// (KeyReconcileClaim: BatchSize a batch, at most ScanLimit, and only as
+// many as it can reconcile in the time it has left, see
+// Config.ReconcileTimeout), hands them to Config.Reconcile,
+// ReconcileConcurrency at a time, and applies each resolution with
 // KeyResolve, fenced on the record's token, or records the failed attempt
 // and its backoff in the store (KeyReconcileFail). The claim holds each
-// record for PassTimeout, so maintainers sharing a store never ask about
-// the same record at once, and the state in the store lets any of them, or
-// a restarted one, carry on. Without Config.Reconcile it only measures the
-// backlog. Every pass ends by reading the backlog from the store (KeyBacklog)
-// for Stats. The error reports a failed claim, resolution or count (store
-// unavailable) or the pass's timeout; unresolved records are not errors,
-// they are counted in the result.
+// record until the pass's time ends, so maintainers sharing a store never
+// ask about the same record at once, and the state in the store lets any
+// of them, or a restarted one, carry on. The due records it could not
+// reach are left unclaimed, counted (ReconcileResult.Left) and logged.
+// Without Config.Reconcile it only measures the backlog. Every pass ends by
+// reading the backlog from the store (KeyBacklog) for Stats. The error
+// reports a failed claim, resolution or count (store unavailable) or the
+// end of the pass's context; unresolved records are not errors, they are
+// counted in the result.
 func (m *Maintainer) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	return m.reconcile(ctx, 0)
 }
@@ -86,26 +112,47 @@ func (m *Maintainer) reconcile(parent context.Context, every time.Duration) (res
 			s.ReconcileScheduled += int64(res.Unresolved)
 			s.Unresolved = res.Unresolved
 			s.MaxAttempts = res.MaxAttempts
+			s.ReconcileLeft = res.Left
 		})
 		m.endPass(parent, "reconcile", res.Completed+res.Released, err, func(s *Stats, now time.Time) { s.LastReconcile = now })
 		if m.cfg.OnReconcile != nil {
 			m.cfg.OnReconcile(res, err)
 		}
 	}()
-	err = m.claimAndReconcile(ctx, every, &res)
+	short, err := m.claimAndReconcile(ctx, every, &res)
 	if errors.Is(err, context.Canceled) && parent.Err() != nil {
 		return res, err
 	}
+	var errDue error
+	if short {
+		var due int
+		due, errDue = m.countDue(parent)
+		res.Left += due
+	}
+	if res.Left > 0 {
+		m.cfg.Logger.LogAttrs(parent, slog.LevelWarn, "idemmaint: the reconciliation pass left due records for the next pass",
+			slog.Int("left", res.Left),
+			slog.Int("claimed", res.Listed),
+			slog.Int("concurrency", m.cfg.ReconcileConcurrency),
+			slog.Duration("reconcile_timeout", m.cfg.ReconcileTimeout))
+	}
 	backlog, errBacklog := m.measureBacklog(parent)
 	res.Backlog = backlog
-	return res, errors.Join(err, errBacklog)
+	return res, errors.Join(err, errDue, errBacklog)
 }
 
 // claimAndReconcile claims and reconciles batches of due unknown records.
-func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration, res *ReconcileResult) error {
+// short reports that it stopped claiming while records may still be due:
+// its time could not cover another record, or it reached ScanLimit.
+func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration, res *ReconcileResult) (short bool, err error) {
 	if m.cfg.Reconcile == nil {
-		return nil
+		return false, nil
 	}
+	defer func() {
+		// Claimed and neither settled nor scheduled again: held until the
+		// claim's hold ends, then due again.
+		res.Left = res.Listed - res.Deferred - res.Completed - res.Released - res.Lost - res.Unresolved
+	}()
 	// Claims take records stored as unknown: turn the expired leases
 	// unknown first (a sweep pass, logged and counted as such), so that a
 	// crashed attempt is reconciled in this pass, not after the sweeper's
@@ -114,12 +161,20 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 	_, _ = m.sweep(ctx, 0)
 	seen := make(map[idemstore.Identity]bool)
 	for {
-		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-res.Listed)
-		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: m.cfg.PassTimeout})
+		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-res.Listed, m.capacity(ctx))
+		if limit <= 0 {
+			return true, nil
+		}
+		hold := m.cfg.PassTimeout
+		if deadline, ok := ctx.Deadline(); ok {
+			hold = time.Until(deadline) // the claim ends with the pass
+		}
+		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: hold})
 		if err != nil {
-			return fmt.Errorf("idemmaint: claiming unknown records: %w", err)
+			return false, fmt.Errorf("idemmaint: claiming unknown records: %w", err)
 		}
 		res.Listed += len(batch)
+		fresh := make([]*idemstore.Record, 0, len(batch))
 		again := false
 		for _, rec := range batch {
 			if seen[rec.Identity] {
@@ -129,21 +184,105 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 				continue
 			}
 			seen[rec.Identity] = true
-			if err := m.reconcileRecord(ctx, rec, res); err != nil {
-				return err
-			}
+			fresh = append(fresh, rec)
+		}
+		if err := m.reconcileBatch(ctx, fresh, res); err != nil {
+			return false, err
 		}
 		if again || len(batch) < limit {
-			return nil
+			return false, nil
 		}
 		if res.Listed >= m.cfg.ScanLimit {
 			res.Truncated = true
-			return nil
+			return true, nil
 		}
 		if !pause(ctx, every) {
-			return fmt.Errorf("idemmaint: claiming unknown records: %w", ctx.Err())
+			return false, fmt.Errorf("idemmaint: claiming unknown records: %w", ctx.Err())
 		}
 	}
+}
+
+// capacity is the number of records the pass can still reconcile before
+// its context ends if every call takes all of ReconcileTimeout:
+// ReconcileConcurrency for every ReconcileTimeout in nine tenths of the
+// time left; the last tenth is kept for the store's writes.
+func (m *Maintainer) capacity(ctx context.Context) int {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return m.cfg.BatchSize // passContext always sets one
+	}
+	rounds := int(time.Until(deadline) / 10 * 9 / m.cfg.ReconcileTimeout)
+	return rounds * m.cfg.ReconcileConcurrency
+}
+
+// reconcileBatch reconciles the records of one claim on up to
+// ReconcileConcurrency goroutines. It returns the first error that stops
+// the pass; the records not yet asked about are then not asked about.
+func (m *Maintainer) reconcileBatch(ctx context.Context, recs []*idemstore.Record, res *ReconcileResult) error {
+	var (
+		mu   sync.Mutex
+		next int
+		stop error
+	)
+	take := func() *idemstore.Record {
+		mu.Lock()
+		defer mu.Unlock()
+		if stop != nil || next == len(recs) {
+			return nil
+		}
+		next++
+		return recs[next-1]
+	}
+	parts := make([]ReconcileResult, min(m.cfg.ReconcileConcurrency, len(recs)))
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() {
+			for rec := take(); rec != nil; rec = take() {
+				if err := m.reconcileRecord(ctx, rec, &parts[i]); err != nil {
+					mu.Lock()
+					stop = cmp.Or(stop, err)
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, p := range parts {
+		res.add(p)
+	}
+	return stop
+}
+
+// countDue counts the unknown records that are due (ReconcileAfter at or
+// before Config.Now), listing at most ScanLimit unknown records.
+func (m *Maintainer) countDue(parent context.Context) (int, error) {
+	ctx, cancel := m.passContext(parent)
+	defer cancel()
+	now := m.cfg.Now()
+	var (
+		after  *idemstore.Identity
+		due    int
+		listed int
+	)
+	for listed < m.cfg.ScanLimit {
+		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-listed)
+		page, err := m.store.KeyList(ctx, &idemstore.ListParams{State: idemstore.StateUnknown, After: after, Limit: limit})
+		if err != nil {
+			return due, fmt.Errorf("idemmaint: counting the due unknown records: %w", err)
+		}
+		for _, rec := range page {
+			if !rec.ReconcileAfter.After(now) {
+				due++
+			}
+		}
+		listed += len(page)
+		if len(page) < limit {
+			break
+		}
+		after = &page[len(page)-1].Identity
+	}
+	return due, nil
 }
 
 // measureBacklog reads the unknown backlog from the store into Stats: the
@@ -172,7 +311,13 @@ func (m *Maintainer) measureBacklog(parent context.Context) (int, error) {
 // failed to apply a resolution.
 func (m *Maintainer) reconcileRecord(ctx context.Context, rec *idemstore.Record, res *ReconcileResult) error {
 	res.Attempted++
-	resolution, err := m.callReconcile(ctx, rec)
+	call, cancel := context.WithTimeout(ctx, m.cfg.ReconcileTimeout)
+	resolution, err := m.callReconcile(call, rec)
+	timedOut := errors.Is(call.Err(), context.DeadlineExceeded)
+	cancel()
+	if err != nil && timedOut && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no resolution within %v: %w", m.cfg.ReconcileTimeout, err)
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		// The pass ran out of time or was stopped while the reconciler was
 		// asking: its answer does not count against the record, which the

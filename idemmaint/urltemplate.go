@@ -37,12 +37,28 @@ const (
 // "/v1/orders" is sent as %2Fv1%2Forders: put it in the query. Placeholders
 // may stand in the path and the query only, never in the scheme, the host
 // or the port.
+//
+// No value can change the lookup's path. A value made only of dots is
+// percent-encoded whole (".." is sent as %2E%2E), and Expand refuses a
+// record whose values would make a path segment of only dots or slashes
+// (".", "..", "...", "/"), or an empty one: a server or a proxy that
+// decodes and then cleans paths (Go's ServeMux with
+// GODEBUG=httpmuxgo121=1, proxies that normalise the path they forward)
+// would answer for another path, and Go's ServeMux reads a lone %2F as a
+// trailing slash. Such a record is not looked up; in the query any value
+// is safe. A server that decodes %2F before routing reads a key with a
+// "/" as several segments: put {key} in the query for it.
 type URLTemplate struct {
 	// parts alternate literal text and placeholder names: parts[0] is
 	// literal, parts[1] a name, parts[2] literal, and so on.
 	parts []string
 	// endpoint reports that {method} or {path} is used.
 	endpoint bool
+	// scope reports that {scope} is used.
+	scope bool
+	// unscoped reports that scoped records may be looked up without
+	// {scope} (Unscoped).
+	unscoped bool
 }
 
 // probe stands for every placeholder when the template is checked as a URL:
@@ -73,6 +89,7 @@ func ParseURLTemplate(s string) (*URLTemplate, error) {
 			case placeholderMethod, placeholderPath:
 				t.endpoint = true
 			case placeholderScope:
+				t.scope = true
 			default:
 				return nil, fmt.Errorf("unknown placeholder {%s}: want {key}, {method}, {path} or {scope}", clip(name, 20))
 			}
@@ -93,6 +110,19 @@ func ParseURLTemplate(s string) (*URLTemplate, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// HasScope reports whether the template has a {scope} placeholder.
+func (t *URLTemplate) HasScope() bool { return t.scope }
+
+// Unscoped returns a copy of t whose Expand looks up scoped records
+// although t has no {scope}: for an upstream whose keys are global, where
+// the same key in two scopes names one operation (--reconcile-unscoped).
+// Without it, Expand refuses a scoped record when t has no {scope}.
+func (t *URLTemplate) Unscoped() *URLTemplate {
+	c := *t
+	c.unscoped = true
+	return &c
 }
 
 // check checks that the template is an absolute http or https URL whose
@@ -132,6 +162,9 @@ func (t *URLTemplate) check() error {
 	return nil
 }
 
+var errScopeDropped = errors.New("the record is scoped and the template has no {scope}: the lookup would answer for " +
+	"another scope's key; not looked up (add {scope}, or declare the upstream's keys global)")
+
 var errPlaceholderPlace = errors.New("a placeholder may stand in the path or the query only, not in the scheme, host or port")
 
 // afterAuthority reports whether the literal text before the first
@@ -152,40 +185,97 @@ func clip(s string, n int) string {
 
 // Expand returns the lookup URL of a record: the template with every
 // placeholder replaced by the escaped value. It fails when the template
-// uses {method} or {path} and the endpoint is not "METHOD PATH".
+// uses {method} or {path} and the endpoint is not "METHOD PATH"; when the
+// record has a scope and the template has no {scope} (unless Unscoped):
+// the lookup would settle one tenant's record with another's answer for
+// the same key; and when a value in the path would make a path segment of only dots or slashes, or
+// an empty one: a server or a proxy that decodes and then cleans paths
+// (removing "." and ".." segments, merging slashes) would answer for
+// another path, so no key can change the lookup's path.
 func (t *URLTemplate) Expand(id idemstore.Identity) (string, error) {
 	method, path, ok := strings.Cut(id.Endpoint, " ")
 	if t.endpoint && (!ok || method == "" || path == "") {
 		return "", fmt.Errorf("endpoint %q is not METHOD PATH: {method} and {path} have no value", clip(id.Endpoint, 100))
 	}
-	var b strings.Builder
+	if id.Scope != "" && !t.scope && !t.unscoped {
+		return "", errScopeDropped
+	}
+	var (
+		b       strings.Builder
+		inPath  = true // before the query
+		segment = 0    // where the current path segment starts in b
+		filler  string // the last placeholder in the current segment
+	)
+	// endSegment checks the path segment that ends at b's end.
+	endSegment := func() error {
+		if filler != "" && onlyPathSyntax(b.String()[segment:]) {
+			return fmt.Errorf("{%s} would make a path segment of only dots or slashes, or an empty one, "+
+				"which a server that cleans paths reads as another path: not looked up (put {%s} in the query)", filler, filler)
+		}
+		return nil
+	}
 	for i, p := range t.parts {
-		if i%2 == 0 {
-			b.WriteString(p)
+		if i%2 == 1 {
+			switch p {
+			case placeholderKey:
+				escapeTo(&b, id.Key)
+			case placeholderMethod:
+				escapeTo(&b, method)
+			case placeholderPath:
+				escapeTo(&b, path)
+			case placeholderScope:
+				escapeTo(&b, id.Scope)
+			}
+			if inPath {
+				filler = p
+			}
 			continue
 		}
-		switch p {
-		case placeholderKey:
-			escapeTo(&b, id.Key)
-		case placeholderMethod:
-			escapeTo(&b, method)
-		case placeholderPath:
-			escapeTo(&b, path)
-		case placeholderScope:
-			escapeTo(&b, id.Scope)
+		for j := 0; j < len(p); j++ {
+			if c := p[j]; inPath && (c == '/' || c == '?') {
+				if err := endSegment(); err != nil {
+					return "", err
+				}
+				segment, filler = b.Len()+1, ""
+				inPath = c == '/'
+			}
+			b.WriteByte(p[j])
+		}
+	}
+	if inPath {
+		if err := endSegment(); err != nil {
+			return "", err
 		}
 	}
 	return b.String(), nil
 }
 
+// onlyPathSyntax reports whether the escaped path segment seg decodes to
+// nothing but dots and slashes, or to nothing.
+func onlyPathSyntax(seg string) bool {
+	for i := 0; i < len(seg); i++ {
+		switch {
+		case seg[i] == '.' || seg[i] == '/':
+		case strings.HasPrefix(seg[i:], "%2E") || strings.HasPrefix(seg[i:], "%2e") ||
+			strings.HasPrefix(seg[i:], "%2F") || strings.HasPrefix(seg[i:], "%2f"):
+			i += 2
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // escapeTo writes s to b with every byte but the RFC 3986 unreserved
 // characters percent-encoded: the result is one path segment or one query
-// value that decodes to s in either place.
+// value that decodes to s in either place. A value made only of dots is
+// percent-encoded too (%2E%2E): "." and ".." are path syntax.
 func escapeTo(b *strings.Builder, s string) {
 	const hex = "0123456789ABCDEF"
+	dots := strings.Trim(s, ".") == ""
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' && !dots || c == '_' || c == '~' {
 			b.WriteByte(c)
 			continue
 		}

@@ -24,6 +24,11 @@ type MaintainerStats struct {
 	// Unresolved is the number of unknown records the reconciler tried and
 	// could not resolve yet (idem_unknown_unresolved).
 	Unresolved int
+	// ReconcileLeft is the number of due unknown records the last
+	// reconciliation pass had no time to ask about and left for the next
+	// pass (idem_reconcile_left): above zero pass after pass, the
+	// reconciler needs more concurrency.
+	ReconcileLeft int
 	// OldestInProgress is the age of the oldest in_progress record with a
 	// live lease (idem_oldest_in_progress_seconds); zero when there is none.
 	OldestInProgress time.Duration
@@ -70,6 +75,8 @@ var (
 		"1 when the unknown backlog count stopped at the scan limit, so the backlog is at least idem_unknown_backlog.", nil, nil)
 	descUnresolved = prometheus.NewDesc("idem_unknown_unresolved",
 		"Unknown idempotency records the reconciler tried and could not resolve yet.", nil, nil)
+	descReconcileLeft = prometheus.NewDesc("idem_reconcile_left",
+		"Due unknown idempotency records the last reconciliation pass had no time to ask about, left for the next pass.", nil, nil)
 	descOldestInProgress = prometheus.NewDesc("idem_oldest_in_progress_seconds",
 		"Age of the oldest in-progress idempotency record with a live lease; 0 when there is none.", nil, nil)
 	descOutboxDepth = prometheus.NewDesc("idem_outbox_depth",
@@ -114,7 +121,7 @@ func RegisterMaintainer(reg prometheus.Registerer, stats func() MaintainerStats)
 // Describe sends the descriptions of every series the collector may export.
 func (c *maintainerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		descUnknownBacklog, descUnknownTruncated, descUnresolved, descOldestInProgress,
+		descUnknownBacklog, descUnknownTruncated, descUnresolved, descReconcileLeft, descOldestInProgress,
 		descOldestUnknown, descOutboxDepth, descDeadLetters,
 		descSwept, descReaped, descResolved, descReconcileErrors, descReconcileScheduled, descPassErrors,
 	} {
@@ -138,6 +145,7 @@ func (c *maintainerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descUnknownTruncated, truncated)
 	gauge(descUnresolved, float64(s.Unresolved))
+	gauge(descReconcileLeft, float64(s.ReconcileLeft))
 	gauge(descOldestInProgress, s.OldestInProgress.Seconds())
 	gauge(descOldestUnknown, s.OldestUnknown.Seconds())
 	if s.Outbox {

@@ -32,6 +32,7 @@ func TestMaintainerCollector(t *testing.T) {
 		PassErrors:              8,
 		OldestUnknown:           90 * time.Second,
 		ReconcileScheduled:      9,
+		ReconcileLeft:           11,
 	}
 	if err := idemprom.RegisterMaintainer(reg, func() idemprom.MaintainerStats {
 		calls.Add(1)
@@ -61,6 +62,9 @@ idem_unknown_oldest_age_seconds 90
 # HELP idem_reconcile_scheduled_total Reconciliation attempts that left a record unknown and scheduled its next attempt after a backoff.
 # TYPE idem_reconcile_scheduled_total counter
 idem_reconcile_scheduled_total 9
+# HELP idem_reconcile_left Due unknown idempotency records the last reconciliation pass had no time to ask about, left for the next pass.
+# TYPE idem_reconcile_left gauge
+idem_reconcile_left 11
 # HELP idem_unknown_unresolved Unknown idempotency records the reconciler tried and could not resolve yet.
 # TYPE idem_unknown_unresolved gauge
 idem_unknown_unresolved 2

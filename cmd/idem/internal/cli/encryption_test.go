@@ -145,7 +145,7 @@ func TestMaintainReconcilesSealed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newTestEnv(map[string]string{"IDEM_ENCRYPTION_KEYS_FILE": keysPath})
-	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}"); err != nil {
+	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}", "--reconcile-unscoped"); err != nil {
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	rec, err := store.KeyGet(ctx, id)

@@ -62,7 +62,7 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 	if o.batchSize == 0 {
 		return nil, usageErrorf("--batch-size must be positive")
 	}
-	if err := o.reconcile.check(true); err != nil {
+	if err := o.reconcile.check(true, ""); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -168,6 +168,9 @@ func printMaintainStats(e *env, s idemmaint.Stats) {
 		}
 		fmt.Fprintf(e.stdout, "%d%s unknown records await an operator: 'idem keys list --state unknown', then 'idem keys resolve'.\n",
 			s.UnknownBacklog, more)
+	}
+	if s.ReconcileLeft > 0 {
+		fmt.Fprintf(e.stdout, "%d due unknown records had no time in this pass: run it again, or raise --reconcile-concurrency.\n", s.ReconcileLeft)
 	}
 	if s.OldestInProgress > 0 {
 		fmt.Fprintf(e.stdout, "Oldest attempt in progress: %s.\n", roughDuration(s.OldestInProgress))

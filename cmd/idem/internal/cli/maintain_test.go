@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -16,7 +17,7 @@ import (
 func TestParseMaintain(t *testing.T) {
 	t.Parallel()
 	def := maintainOptions{store: "sqlite:./idem.db", sweepInterval: 10 * time.Second, reapInterval: time.Minute, batchSize: 1000,
-		reconcile: reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second}}
+		reconcile: reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second, concurrency: 4}}
 	tests := []struct {
 		name    string
 		args    []string
@@ -227,5 +228,22 @@ func TestProxyMaintains(t *testing.T) {
 	recs, err := store.KeyList(t.Context(), &idemstore.ListParams{State: idemstore.StateUnknown})
 	if err != nil || len(recs) != 1 {
 		t.Errorf("unknown records = %v, %v; want the swept one", recs, err)
+	}
+}
+
+// `idem maintain --once` says when its reconciliation pass had no time for
+// some due records, and what to do.
+func TestPrintMaintainStatsLeft(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(nil)
+	printMaintainStats(e.env, idemmaint.Stats{Completed: 20, UnknownBacklog: 30, ReconcileLeft: 30})
+	want := "30 due unknown records had no time in this pass: run it again, or raise --reconcile-concurrency.\n"
+	if out := e.stdout.String(); !strings.Contains(out, want) {
+		t.Errorf("stdout lacks %q:\n%s", want, out)
+	}
+	e = newTestEnv(nil)
+	printMaintainStats(e.env, idemmaint.Stats{Completed: 20})
+	if out := e.stdout.String(); strings.Contains(out, "had no time") {
+		t.Errorf("stdout speaks of records left when there is none:\n%s", out)
 	}
 }

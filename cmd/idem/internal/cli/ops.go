@@ -160,6 +160,7 @@ func maintainerStats(p opsParts) idemprom.MaintainerStats {
 		s.ResolvedCompleted, s.ResolvedReleased = st.Completed, st.Released
 		s.ReconcileErrors, s.PassErrors = st.ReconcileErrors, st.PassErrors
 		s.ReconcileScheduled, s.OldestUnknown = st.ReconcileScheduled, st.OldestUnknown
+		s.ReconcileLeft = st.ReconcileLeft
 	}
 	if p.Store != nil {
 		// The backlog as the store counts it now, whichever node asks and

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -60,6 +61,37 @@ func TestOpsMetricsAndConsole(t *testing.T) {
 	}
 	if w := get("/", ""); w.Code != http.StatusFound || w.Header().Get("Location") != "/_idem/" {
 		t.Fatalf("GET /: %d Location %q, want 302 to /_idem/", w.Code, w.Header().Get("Location"))
+	}
+}
+
+// idem_reconcile_left counts the due records the last reconciliation pass
+// had no time to ask about.
+func TestOpsReconcileLeft(t *testing.T) {
+	t.Parallel()
+	store := idemmem.New(nil)
+	for _, k := range []string{"k1", "k2", "k3"} {
+		if _, err := store.KeyReserve(t.Context(), &idemstore.ReserveParams{Identity: idemstore.Identity{Endpoint: payments, Key: k},
+			Fingerprint: "f", Token: "t", Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slow := func(ctx context.Context, _ *idemstore.Record) (idemmaint.Resolution, error) {
+		<-ctx.Done()
+		return idemmaint.Resolution{}, ctx.Err()
+	}
+	// Time for one lookup of 200ms in a pass of 400ms.
+	m := idemmaint.New(store, &idemmaint.Config{Reconcile: slow, ReconcileTimeout: 200 * time.Millisecond, PassTimeout: 400 * time.Millisecond})
+	if res, err := m.Reconcile(t.Context()); err != nil || res.Left != 2 {
+		t.Fatalf("Reconcile = %+v, %v; want 2 records left", res, err)
+	}
+	o, err := newOps(&opsOptions{}, opsParts{Store: store, Maintainer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	o.Handler.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if body := w.Body.String(); !strings.Contains(body, "\nidem_reconcile_left 2\n") {
+		t.Errorf("/metrics lacks idem_reconcile_left 2:\n%s", body)
 	}
 }
 

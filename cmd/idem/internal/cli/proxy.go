@@ -105,7 +105,7 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
 	}
-	if err := o.reconcile.check(o.maintain); err != nil {
+	if err := o.reconcile.check(o.maintain, o.scopeHeader); err != nil {
 		return nil, err
 	}
 	if err := o.keyring.check(); err != nil {

@@ -36,7 +36,7 @@ func TestParseProxy(t *testing.T) {
 			methods:     []string{"POST", "PATCH"},
 			maxBody:     1 << 20,
 			maxResponse: 1 << 20,
-			reconcile:   reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second},
+			reconcile:   reconcileOptions{timeout: 5 * time.Second, interval: 30 * time.Second, concurrency: 4},
 			guards:      safeguardOptions{bodyTimeout: 60 * time.Second},
 			problemBase: "https://github.com/idem-dev/idem#problem-",
 		}

@@ -12,6 +12,11 @@ import (
 	"github.com/idem-dev/idem/idemmaint"
 )
 
+// defaultReconcileConcurrency is --reconcile-concurrency's default: a few
+// lookups at once, enough to keep up with a slow lookup without flooding
+// it.
+const defaultReconcileConcurrency = 4
+
 // reconcileOptions are the flags of the reconciler that `idem maintain` and
 // `idem proxy --maintain` share: --reconcile-url and its settings.
 type reconcileOptions struct {
@@ -19,6 +24,9 @@ type reconcileOptions struct {
 	header   headerLines
 	timeout  time.Duration
 	interval time.Duration
+	unscoped bool
+	// concurrency is the number of lookups at once.
+	concurrency int
 	// tmpl is the parsed --reconcile-url, set by check; nil without it.
 	tmpl *idemmaint.URLTemplate
 }
@@ -27,6 +35,7 @@ type reconcileOptions struct {
 func (o *reconcileOptions) register(fs *flagSet) {
 	o.timeout = idemmaint.DefaultLookupTimeout
 	o.interval = idemmaint.DefaultReconcileInterval
+	o.concurrency = defaultReconcileConcurrency
 	fs.StringVar(&o.url, "reconcile-url", o.url,
 		"lookup `TEMPLATE` that settles unknown records: GET it with {key}, {method}, {path}, {scope} filled in; "+
 			"2xx = applied (its answer is replayed), 404/410 = never applied (released), else asked again later")
@@ -34,19 +43,31 @@ func (o *reconcileOptions) register(fs *flagSet) {
 		"(the variable takes one a line); values are never printed")
 	fs.Var(durationValue{p: &o.timeout}, "reconcile-timeout", "`DURATION` a lookup may take")
 	fs.Var(durationValue{p: &o.interval}, "reconcile-interval", "`DURATION` between two reconciliation passes")
+	fs.Var(countValue{&o.concurrency}, "reconcile-concurrency", "`N` lookups at once; a pass asks about at most N records "+
+		"per --reconcile-timeout of its time and leaves the others for the next pass")
+	fs.BoolVar(&o.unscoped, "reconcile-unscoped", o.unscoped,
+		"the upstream's keys are global: look up a scoped record by a --reconcile-url without {scope} (else such a record is not looked up)")
 }
 
 // check validates the flags after parsing; maintained reports that a
-// maintainer runs (always for `idem maintain`, --maintain for the proxy).
-// Its errors never repeat the template or a header's value: they may hold
+// maintainer runs (always for `idem maintain`, --maintain for the proxy),
+// and scopeHeader is the proxy's --scope-header (empty for `idem
+// maintain`, which does not know how the keys were scoped). Its errors
+// never repeat the template or a header's value: they may hold
 // credentials.
-func (o *reconcileOptions) check(maintained bool) error {
+func (o *reconcileOptions) check(maintained bool, scopeHeader string) error {
 	if o.header.err != nil {
 		return usageErrorf("--reconcile-header (or %s): %v", envName("reconcile-header"), o.header.err)
+	}
+	if o.concurrency < 1 {
+		return usageErrorf("--reconcile-concurrency must be at least 1")
 	}
 	if o.url == "" {
 		if len(o.header.h) > 0 {
 			return usageErrorf("--reconcile-header needs --reconcile-url")
+		}
+		if o.unscoped {
+			return usageErrorf("--reconcile-unscoped needs --reconcile-url")
 		}
 		return nil
 	}
@@ -56,6 +77,14 @@ func (o *reconcileOptions) check(maintained bool) error {
 	t, err := idemmaint.ParseURLTemplate(o.url)
 	if err != nil {
 		return usageErrorf("--reconcile-url (or %s): %v", envName("reconcile-url"), err)
+	}
+	if scopeHeader != "" && !t.HasScope() && !o.unscoped {
+		return usageErrorf("--reconcile-url has no {scope} while --scope-header scopes the keys: a lookup would settle "+
+			"one tenant's key with another tenant's answer for the same key; add {scope} to the template, "+
+			"or --reconcile-unscoped (%s) if the upstream's keys are global", envName("reconcile-unscoped"))
+	}
+	if o.unscoped {
+		t = t.Unscoped()
 	}
 	o.tmpl = t
 	return nil
@@ -69,6 +98,11 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		return
 	}
 	cfg.ReconcileInterval = o.interval
+	cfg.ReconcileConcurrency = o.concurrency
+	cfg.ReconcileTimeout = o.timeout
+	// A pass has time for two rounds of lookups at least, however long
+	// --reconcile-timeout is.
+	cfg.PassTimeout = max(idemmaint.DefaultPassTimeout, 2*o.timeout)
 	cfg.Reconcile = idemmaint.HTTPReconciler(o.tmpl, &idemmaint.HTTPConfig{
 		Header:  o.header.h,
 		Timeout: o.timeout,
@@ -95,6 +129,8 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		"headers", strings.Join(names, ","),
 		"timeout", o.timeout,
 		"interval", o.interval,
+		"concurrency", o.concurrency,
+		"unscoped", o.unscoped,
 	)
 }
 

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,11 +29,14 @@ func TestParseReconcileFlags(t *testing.T) {
 		wantHeader   http.Header
 		wantTimeout  time.Duration
 		wantInterval time.Duration
+		wantWorkers  int
 	}{
 		{name: "flags", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "authorization:Bearer s3cret",
-			"--reconcile-timeout", "2s", "--reconcile-interval", "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"--reconcile-timeout", "2s", "--reconcile-interval", "20s", "--reconcile-concurrency", "16"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
 		{name: "variables", env: map[string]string{"IDEM_RECONCILE_URL": tmpl, "IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret",
-			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s", "IDEM_RECONCILE_CONCURRENCY": "16"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
 		{name: "repeated header", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "X-A: 1", "--reconcile-header", "x-a:  2 ",
 			"--reconcile-header", "X-B: b c"}, wantHeader: http.Header{"X-A": {"1", "2"}, "X-B": {"b c"}}, wantTimeout: 5 * time.Second, wantInterval: 30 * time.Second},
 		{name: "headers one a line in the variable", env: map[string]string{"IDEM_RECONCILE_URL": tmpl,
@@ -44,12 +49,15 @@ func TestParseReconcileFlags(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			if tt.wantWorkers == 0 {
+				tt.wantWorkers = 4 // the default
+			}
 			check := func(cmd string, o *reconcileOptions) {
 				t.Helper()
 				if o.url != tmpl || o.tmpl == nil || !reflect.DeepEqual(o.header.h, tt.wantHeader) ||
-					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval {
-					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v",
-						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval)
+					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval || o.concurrency != tt.wantWorkers {
+					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v, concurrency %d",
+						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval, tt.wantWorkers)
 				}
 			}
 			m, err := parseMaintain(tt.args, newTestEnv(tt.env).env)
@@ -100,6 +108,10 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 		{name: "header without url", args: []string{"--reconcile-header", "Authorization: SECRET"}, wantErr: "--reconcile-header needs --reconcile-url"},
 		{name: "timeout zero", args: []string{"--reconcile-url", tmpl, "--reconcile-timeout", "0"}, wantErr: "want a positive duration"},
 		{name: "interval not a duration", args: []string{"--reconcile-url", tmpl, "--reconcile-interval", "30"}, wantErr: "want a Go duration"},
+		{name: "concurrency zero", args: []string{"--reconcile-url", tmpl, "--reconcile-concurrency", "0"},
+			wantErr: "--reconcile-concurrency must be at least 1"},
+		{name: "concurrency not a number", args: []string{"--reconcile-url", tmpl}, env: map[string]string{"IDEM_RECONCILE_CONCURRENCY": "many"},
+			wantErr: "want a number"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,6 +131,182 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 			_, err = parseProxy(append([]string{"--upstream", "http://u", "--maintain"}, tt.args...), newTestEnv(tt.env).env)
 			check("proxy", err)
 		})
+	}
+}
+
+// A proxy whose keys are scoped refuses a lookup template without {scope}:
+// it would settle one tenant's key with another's answer. The operator may
+// say the upstream's keys are global.
+func TestProxyReconcileKeepsTheScope(t *testing.T) {
+	t.Parallel()
+	scoped := []string{"--upstream", "http://u", "--maintain", "--scope-header", "X-Tenant"}
+	_, err := parseProxy(append(scoped, "--reconcile-url", "http://h/orders/{key}?token=SECRET"), newTestEnv(nil).env)
+	var uerr usageError
+	if err == nil || !errors.As(err, &uerr) || !strings.Contains(err.Error(),
+		"--reconcile-url has no {scope} while --scope-header scopes the keys") || strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("error = %v, want a usage error naming the missing {scope}, without the template", err)
+	}
+	for name, args := range map[string][]string{
+		"flag":     {"--reconcile-url", "http://h/orders/{key}", "--reconcile-unscoped"},
+		"variable": {"--reconcile-url", "http://h/orders/{key}"},
+	} {
+		o, err := parseProxy(append(scoped, args...), newTestEnv(map[string]string{"IDEM_RECONCILE_UNSCOPED": "true"}).env)
+		if err != nil || !o.reconcile.unscoped {
+			t.Errorf("%s: %+v, %v; want the unscoped lookup accepted", name, o, err)
+		}
+	}
+	if o, err := parseProxy(append(scoped, "--reconcile-url", "http://h/tenants/{scope}/orders/{key}"), newTestEnv(nil).env); err != nil ||
+		o.reconcile.unscoped {
+		t.Errorf("a template with {scope}: %+v, %v", o, err)
+	}
+	// Without --scope-header every key has the empty scope: nothing to keep.
+	if _, err := parseProxy([]string{"--upstream", "http://u", "--maintain", "--reconcile-url", "http://h/orders/{key}"}, newTestEnv(nil).env); err != nil {
+		t.Errorf("an unscoped proxy: %v", err)
+	}
+	for _, cmd := range []string{"maintain", "proxy"} {
+		var err error
+		if cmd == "maintain" {
+			_, err = parseMaintain([]string{"--reconcile-unscoped"}, newTestEnv(nil).env)
+		} else {
+			_, err = parseProxy(append(scoped, "--reconcile-unscoped"), newTestEnv(nil).env)
+		}
+		if err == nil || !errors.As(err, &uerr) || !strings.Contains(err.Error(), "--reconcile-unscoped needs --reconcile-url") {
+			t.Errorf("%s --reconcile-unscoped alone: %v, want a usage error", cmd, err)
+		}
+	}
+}
+
+// `idem proxy --scope-header --maintain --reconcile-url` with {scope}:
+// tenants A and B each have an unknown order-42, and each is settled by the
+// lookup of its own tenant (the scope is the hash the proxy stores).
+func TestProxyMaintainReconcilesEachScope(t *testing.T) {
+	t.Parallel()
+	a, b := scopeOf("tenant-a"), scopeOf("tenant-b")
+	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/tenants/" + b + "/orders/by-key/order-42":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(`{"order":"b-42"}`))
+		case "/tenants/" + a + "/orders/by-key/order-42":
+			w.WriteHeader(http.StatusNotFound)
+		default:
+			w.WriteHeader(http.StatusBadRequest)
+		}
+	}))
+	defer lookup.Close()
+	u := sqliteURL(t)
+	store, closeStore, err := storeurl.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeStore()
+	ids := []idemstore.Identity{{Scope: a, Endpoint: payments, Key: "order-42"}, {Scope: b, Endpoint: payments, Key: "order-42"}}
+	for _, id := range ids {
+		if _, err := store.KeyReserve(t.Context(), &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+			Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, e, stop := startProxy(t, "--upstream", "http://127.0.0.1:9", "--store", u, "--maintain", "--scope-header", "X-Tenant",
+		"--reconcile-url", lookup.URL+"/tenants/{scope}/orders/by-key/{key}")
+	for _, id := range ids {
+		if !e.stderr.waitFor(`msg="idemmaint: unknown outcome reconciled" key_hash=`+id.LogHash(), 20*time.Second) {
+			t.Fatalf("the proxy's maintainer did not reconcile %s's record:\n%s", id.Scope, e.stderr)
+		}
+	}
+	if code := stop(); code != ExitOK {
+		t.Errorf("exit code = %d; stderr: %s", code, e.stderr)
+	}
+	if rec, err := store.KeyGet(t.Context(), ids[0]); err != nil || rec.State != idemstore.StateReleased {
+		t.Errorf("tenant A: %+v, %v; want released (its order-42 never happened)", rec, err)
+	}
+	if rec, err := store.KeyGet(t.Context(), ids[1]); err != nil || rec.State != idemstore.StateCompleted || rec.Response == nil ||
+		string(rec.Response.Body) != `{"order":"b-42"}` {
+		t.Errorf("tenant B: %+v, %v; want completed with its own order", rec, err)
+	}
+}
+
+// The maintainer's reconciler gets the flags: its concurrency, and a call
+// timeout and a pass long enough for at least two rounds of lookups.
+func TestReconcileOptionsApply(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args        []string
+		concurrency int
+		timeout     time.Duration
+		pass        time.Duration
+	}{
+		{nil, 4, 5 * time.Second, 30 * time.Second},
+		{[]string{"--reconcile-concurrency", "8", "--reconcile-timeout", "2s"}, 8, 2 * time.Second, 30 * time.Second},
+		{[]string{"--reconcile-timeout", "40s"}, 4, 40 * time.Second, 80 * time.Second},
+	} {
+		e := newTestEnv(nil)
+		o, err := parseMaintain(append([]string{"--reconcile-url", "http://h/{key}"}, tt.args...), e.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := maintainerConfig(e.env, 0, 0, 0)
+		o.reconcile.apply(e.env, cfg, 1<<20)
+		if cfg.Reconcile == nil || cfg.ReconcileConcurrency != tt.concurrency || cfg.ReconcileTimeout != tt.timeout || cfg.PassTimeout != tt.pass {
+			t.Errorf("%q: concurrency %d, timeout %v, pass %v; want %d, %v, %v", tt.args,
+				cfg.ReconcileConcurrency, cfg.ReconcileTimeout, cfg.PassTimeout, tt.concurrency, tt.timeout, tt.pass)
+		}
+	}
+}
+
+// `idem maintain --once --reconcile-concurrency 4` asks about four records
+// at once: the lookup answers only once four lookups are waiting together.
+func TestMaintainOnceReconcilesConcurrently(t *testing.T) {
+	t.Parallel()
+	const concurrency, records = 4, 12
+	var (
+		mu      sync.Mutex
+		waiting int
+		peak    int
+		full    = make(chan struct{})
+	)
+	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		waiting++
+		peak = max(peak, waiting)
+		if waiting == concurrency {
+			select {
+			case <-full:
+			default:
+				close(full)
+			}
+		}
+		mu.Unlock()
+		defer func() { mu.Lock(); waiting--; mu.Unlock() }()
+		select {
+		case <-full:
+			w.WriteHeader(http.StatusNotFound)
+		case <-time.After(3 * time.Second):
+			w.WriteHeader(http.StatusServiceUnavailable) // never four at once
+		}
+	}))
+	defer lookup.Close()
+	store := idemmem.New(nil)
+	ctx := t.Context()
+	for i := range records {
+		id := idemstore.Identity{Endpoint: payments, Key: fmt.Sprintf("k-%02d", i)}
+		if _, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "t",
+			Lease: 0, TTL: time.Hour, LeaseExpiredState: idemstore.StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newTestEnv(map[string]string{"IDEM_RECONCILE_CONCURRENCY": "4"})
+	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}"); err != nil {
+		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
+	}
+	if out := e.stdout.String(); !strings.Contains(out, fmt.Sprintf("Reconciled %d unknown records: 0 completed, %d released.", records, records)) {
+		t.Errorf("stdout:\n%s\nstderr:\n%s", out, e.stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != concurrency {
+		t.Errorf("%d lookups at once at most, want %d", peak, concurrency)
 	}
 }
 
@@ -188,7 +376,7 @@ func TestMaintainOnceReconciles(t *testing.T) {
 	}
 	e := newTestEnv(map[string]string{"IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret"})
 	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:",
-		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}"); err != nil {
+		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}&s={scope}"); err != nil {
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	out := e.stdout.String()
