@@ -460,7 +460,9 @@ func TestRelayPassTimeout(t *testing.T) {
 		<-ctx.Done() // spends the whole pass
 		return d.deliver(ctx, m)
 	}
-	r := newRelay(t, b, RelayConfig{Deliver: deliver, PassTimeout: 30 * time.Millisecond})
+	// Long enough for the claim to finish on a loaded machine, short enough
+	// to spend in full.
+	r := newRelay(t, b, RelayConfig{Deliver: deliver, PassTimeout: 500 * time.Millisecond})
 	ids := b.mustEnqueueAll(t, messages(3)...)
 	runOnce(t, b, r, 1)
 	if m := b.get(t, ids[0]); m.State != StatePending || m.Attempts != 1 || !strings.HasPrefix(m.LastError, "outcome unknown") {
