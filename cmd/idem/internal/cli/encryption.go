@@ -73,7 +73,7 @@ func parseKeysRotate(args []string, e *env) (*keysRotateOptions, error) {
 			"progress line per batch. Keep the old keys in every process's keys file until it\n"+
 			"reports nothing left under them. Interrupted, it resumes from the cursor it\n"+
 			"printed last (--resume), or from the start: records done are skipped.")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	o.keyring.register(fs)
 	fs.Var(positiveIntValue{&o.batchSize}, "batch-size", "`N` records listed and rewritten per batch")
 	fs.Var(cursorValue{&o.resume}, "resume", "`CURSOR` printed by an interrupted run: start after it")

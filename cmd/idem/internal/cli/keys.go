@@ -176,7 +176,7 @@ func parseKeysList(args []string, e *env) (*keysListOptions, error) {
 	fs := newFlagSet("keys list", "idem keys list [flags]",
 		"Lists records in (tenant, endpoint, key) order as a table (tenant, endpoint,\n"+
 			"key, state, attempts, age, time to expiry) or, with --json, one JSON object a line.")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	fs.Var(stateValue{&o.state}, "state", "only records in `STATE`: in_progress, completed, released or unknown")
 	sf.register(fs)
 	fs.StringVar(&o.endpoint, "endpoint", "", "only records of `ENDPOINT`, e.g. \"POST /v1/payments\"")
@@ -364,7 +364,7 @@ type identityFlags struct {
 }
 
 func (f *identityFlags) register(fs *flagSet) {
-	fs.Var(storeValue{&f.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&f.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	f.scope.register(fs)
 	fs.StringVar(&f.endpoint, "endpoint", "", "`ENDPOINT` of the record, e.g. \"POST /v1/payments\"")
 }
