@@ -62,8 +62,8 @@ func (v rateValue) Set(s string) error {
 	return nil
 }
 
-// sqlStoreValue is a store URL naming a SQL store: the payments service and
-// the provider need transactions.
+// sqlStoreValue is a store URL naming a SQL store the provider's ledger
+// runs on: the provider needs transactions.
 type sqlStoreValue struct{ p *string }
 
 func (v sqlStoreValue) String() string {
@@ -80,6 +80,21 @@ func (v sqlStoreValue) Set(s string) error {
 		return nil
 	}
 	return errors.New("want sqlite:PATH or postgres://… (a SQL store)")
+}
+
+// paymentsStoreValue is a store URL naming a SQL store the payments service
+// runs on: SQLite, PostgreSQL or MySQL, for transactional mode.
+type paymentsStoreValue struct{ p *string }
+
+func (v paymentsStoreValue) String() string { return sqlStoreValue(v).String() }
+
+func (v paymentsStoreValue) Set(s string) error {
+	switch storeurl.Kind(s) {
+	case storeurl.KindSQLite, storeurl.KindPostgres, storeurl.KindMySQL:
+		*v.p = s
+		return nil
+	}
+	return errors.New("want sqlite:PATH, postgres://… or mysql://… (a SQL store)")
 }
 
 func runProvider(ctx context.Context, e *env, args []string) (err error) {
