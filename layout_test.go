@@ -28,6 +28,7 @@ var layers = map[string][]string{
 	"idemsqlite": {"idemstore", "internal/"},
 	"idempgx":    {"idemstore", "internal/"},
 	"idemredis":  {"idemstore", "internal/"},
+	"idemmysql":  {"idemstore", "internal/"},
 	"idemcache":  {"idemstore", "internal/"},
 	"idemcrypt":  {"idemstore", "internal/"},
 	"idemmaint":  {"idemstore", "internal/"},
