@@ -42,7 +42,7 @@ var layers = map[string][]string{
 
 	// teststore opens a store of each kind for tests (the stores' own
 	// tests use testenv, which imports no store).
-	"internal/testenv/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
+	"internal/testenv/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemmysql", "idemredis", "internal/"},
 }
 
 const module = "github.com/idem-dev/idem"
