@@ -88,7 +88,9 @@ const maxReserveTries = 10
 // Limits of the columns, in bytes: longer values are refused rather than
 // cut (a cut identity would be another record's).
 const (
-	maxIdentityLen = 1024 // scope, endpoint, key
+	maxScopeLen    = 512  // scope
+	maxEndpointLen = 2048 // endpoint
+	maxKeyLen      = 512  // key
 	maxTokenLen    = 255  // token, fingerprint
 	maxPointLen    = 1024 // recovery_point
 )
@@ -233,9 +235,9 @@ func checkLengths(p *idemstore.ReserveParams) error {
 		n    int
 		max  int
 	}{
-		{"scope", len(p.Scope), maxIdentityLen},
-		{"endpoint", len(p.Endpoint), maxIdentityLen},
-		{"key", len(p.Key), maxIdentityLen},
+		{"scope", len(p.Scope), maxScopeLen},
+		{"endpoint", len(p.Endpoint), maxEndpointLen},
+		{"key", len(p.Key), maxKeyLen},
 		{"fingerprint", len(p.Fingerprint), maxTokenLen},
 		{"token", len(p.Token), maxTokenLen},
 	} {

@@ -486,14 +486,24 @@ func TestReserveRefusesLongValues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := reserveParams("t1", idemstore.StateUnknown)
-	p.Key = strings.Repeat("k", maxIdentityLen+1)
-	if _, err := b.store.KeyReserve(b.ctx, p); err == nil || !strings.Contains(err.Error(), "more than the 1024") {
-		t.Fatalf("KeyReserve of a 1025-byte key: %v, want a refusal", err)
+	for _, tt := range []struct {
+		field *string
+		max   int
+	}{{&p.Scope, maxScopeLen}, {&p.Endpoint, maxEndpointLen}, {&p.Key, maxKeyLen}} {
+		orig := *tt.field
+		*tt.field = strings.Repeat("x", tt.max+1)
+		if _, err := b.store.KeyReserve(b.ctx, p); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than the %d", tt.max)) {
+			t.Fatalf("KeyReserve of a %d-byte identity part: %v, want a refusal", tt.max+1, err)
+		}
+		*tt.field = orig
 	}
-	p.Key = strings.Repeat("k", maxIdentityLen)
-	p.Scope = strings.Repeat("s", maxIdentityLen)
-	p.Endpoint = strings.Repeat("e", maxIdentityLen)
-	if res := b.reserve(t, p); !res.Reserved || res.Record.Key != p.Key {
-		t.Fatalf("KeyReserve of 1024-byte identity parts: %+v", res)
+	p.Scope = strings.Repeat("s", maxScopeLen)
+	p.Endpoint = strings.Repeat("e", maxEndpointLen)
+	p.Key = strings.Repeat("k", maxKeyLen)
+	if res := b.reserve(t, p); !res.Reserved || res.Record.Key != p.Key || res.Record.Endpoint != p.Endpoint {
+		t.Fatalf("KeyReserve of identity parts at their limits: %+v", res)
+	}
+	if rec, err := b.store.KeyGet(b.ctx, p.Identity); err != nil || rec.Token != p.Token {
+		t.Fatalf("KeyGet of identity parts at their limits: %+v, %v", rec, err)
 	}
 }

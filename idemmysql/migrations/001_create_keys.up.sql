@@ -4,12 +4,13 @@
 -- case-insensitive and pad spaces, which would make Order-1, order-1 and
 -- "order-1 " one key). Times are UTC DATETIME(6) (microseconds), ttl is in
 -- microseconds. The three identity columns together fill InnoDB's limit of
--- 3072 bytes for an index key. CHECK constraints are enforced by MySQL
+-- 3072 bytes for an index key: the endpoint gets most (idem proxy's is the
+-- method and the raw path), a key is at most 255 characters. CHECK constraints are enforced by MySQL
 -- 8.0.16+ and MariaDB 10.2+.
 CREATE TABLE idem_keys (
-    scope               VARBINARY(1024) NOT NULL,
-    endpoint            VARBINARY(1024) NOT NULL,
-    idem_key            VARBINARY(1024) NOT NULL,
+    scope               VARBINARY(512)  NOT NULL,
+    endpoint            VARBINARY(2048) NOT NULL,
+    idem_key            VARBINARY(512)  NOT NULL,
     fingerprint         VARBINARY(255)  NOT NULL,
     state               VARBINARY(16)   NOT NULL,
     token               VARBINARY(255)  NOT NULL,
