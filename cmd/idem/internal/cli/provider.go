@@ -28,7 +28,7 @@ func parseProvider(args []string, e *env) (*providerOptions, error) {
 			"GET /charges?idempotency_key=KEY for reconciliation and GET /charges for the\n"+
 			"whole ledger. `idem payments --provider-url URL` uses it instead of its own.")
 	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` to serve on; port 0 picks a free one")
-	fs.Var(sqlStoreValue{&o.store}, "store", "ledger `URL`: sqlite:PATH or postgres://… (?schema=NAME)")
+	fs.Var(sqlStoreValue{&o.store}, "store", "ledger `URL`: sqlite:PATH, postgres://… (?schema=NAME) or mysql://…")
 	registerFaults(fs, &o.faults, "")
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
@@ -62,8 +62,8 @@ func (v rateValue) Set(s string) error {
 	return nil
 }
 
-// sqlStoreValue is a store URL naming a SQL store the provider's ledger
-// runs on: the provider needs transactions.
+// sqlStoreValue is a store URL naming a SQL store (SQLite, PostgreSQL or
+// MySQL): the payments service and the provider need transactions.
 type sqlStoreValue struct{ p *string }
 
 func (v sqlStoreValue) String() string {
@@ -74,21 +74,6 @@ func (v sqlStoreValue) String() string {
 }
 
 func (v sqlStoreValue) Set(s string) error {
-	switch storeurl.Kind(s) {
-	case storeurl.KindSQLite, storeurl.KindPostgres:
-		*v.p = s
-		return nil
-	}
-	return errors.New("want sqlite:PATH or postgres://… (a SQL store)")
-}
-
-// paymentsStoreValue is a store URL naming a SQL store the payments service
-// runs on: SQLite, PostgreSQL or MySQL, for transactional mode.
-type paymentsStoreValue struct{ p *string }
-
-func (v paymentsStoreValue) String() string { return sqlStoreValue(v).String() }
-
-func (v paymentsStoreValue) Set(s string) error {
 	switch storeurl.Kind(s) {
 	case storeurl.KindSQLite, storeurl.KindPostgres, storeurl.KindMySQL:
 		*v.p = s
