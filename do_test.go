@@ -262,6 +262,10 @@ func TestDoCrash(t *testing.T) {
 			effects := filepath.Join(t.TempDir(), "effects")
 			env := []string{crashChildEnv + "=" + spec, crashEffectsEnv + "=" + effects}
 			testenv.KillChild(t, "TestDoCrashChild", env, crashRunning)
+			// The child leased on the wall clock, after this clock started:
+			// bring it to the wall clock's now, so that 31 s on it are past
+			// the lease however long the child took to start.
+			clock.Set(time.Now().Truncate(time.Millisecond))
 
 			g := testGuard(store, clock, idem.Config{Lease: 30 * time.Second})
 			ctx := context.Background()
