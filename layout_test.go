@@ -28,6 +28,7 @@ var layers = map[string][]string{
 	"idemsqlite": {"idemstore", "internal/"},
 	"idempgx":    {"idemstore", "internal/"},
 	"idemredis":  {"idemstore", "internal/"},
+	"idemmysql":  {"idemstore", "internal/"},
 	"idemcache":  {"idemstore", "internal/"},
 	"idemcrypt":  {"idemstore", "internal/"},
 	"idemmaint":  {"idemstore", "internal/"},
@@ -46,7 +47,7 @@ var layers = map[string][]string{
 
 	// teststore opens a store of each kind for tests (the stores' own
 	// tests use testenv, which imports no store).
-	"internal/integration/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemredis", "internal/"},
+	"internal/integration/teststore": {"idemstore", "idemmem", "idemsqlite", "idempgx", "idemmysql", "idemredis", "internal/"},
 }
 
 const module = "github.com/idem-dev/idem"

@@ -12,10 +12,13 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-dev/idem/idemmysql v0.1.0 // indirect
 	github.com/idem-dev/idem/idemredis v0.1.0 // indirect
 	github.com/idem-dev/idem/internal/pgxmigrate v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -46,3 +49,5 @@ replace github.com/idem-dev/idem/idemsqlite => ../idemsqlite
 replace github.com/idem-dev/idem/internal/integration => ../internal/integration
 
 replace github.com/idem-dev/idem/internal/pgxmigrate => ../internal/pgxmigrate
+
+replace github.com/idem-dev/idem/idemmysql => ../idemmysql

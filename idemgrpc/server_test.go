@@ -638,7 +638,7 @@ func (emptyResolver) FindMessageByURL(string) (protoreflect.MessageType, error) 
 // the key rolls back, and a stored one commits with the completion.
 func TestTransactional(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"sqlite", "postgres"} {
+	for _, kind := range []string{"sqlite", "postgres", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			clock := newTestClock()

@@ -7,16 +7,20 @@ require (
 	github.com/idem-dev/idem/idempgx v0.1.0
 	github.com/idem-dev/idem/idemredis v0.1.0
 	github.com/idem-dev/idem/idemsqlite v0.1.0
+	github.com/idem-dev/idem/internal/integration v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.22.0
 	go.uber.org/goleak v1.3.0
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-dev/idem/idemmysql v0.1.0 // indirect
 	github.com/idem-dev/idem/internal/pgxmigrate v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -43,3 +47,7 @@ replace github.com/idem-dev/idem/idemredis => ../idemredis
 replace github.com/idem-dev/idem/idemsqlite => ../idemsqlite
 
 replace github.com/idem-dev/idem/internal/pgxmigrate => ../internal/pgxmigrate
+
+replace github.com/idem-dev/idem/idemmysql => ../idemmysql
+
+replace github.com/idem-dev/idem/internal/integration => ../internal/integration

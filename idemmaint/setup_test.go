@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
+	"github.com/idem-dev/idem/internal/integration/teststore"
 )
 
 // t0 is where every test clock starts: whole seconds, so that stores with
@@ -72,6 +73,7 @@ var storeKinds = []storeKind{
 	{"memory", openMemory},
 	{"sqlite", openSQLite},
 	{"postgres", openPostgres},
+	{"mysql", openMySQL},
 	{"redis", openRedis},
 }
 
@@ -240,6 +242,40 @@ SELECT $2, $3, 'raw-client-key-' || lpad(i::text, 5, '0'), $4, `+bulkStates+`, '
 FROM generate_series(0, $1::int - 1) AS i`, n, id(0).Scope, id(0).Endpoint, testFingerprint, now, now.Add(ttl))
 		if err != nil {
 			t.Fatalf("bulk insert: %v", err)
+		}
+	}
+	return s, bulk
+}
+
+func openMySQL(t *testing.T, now func() time.Time) (idemstore.Store, bulkFunc) {
+	t.Helper()
+	s := teststore.OpenMySQL(t, teststore.NewMySQLDatabase(t), now)
+	bulk := func(t *testing.T, ctx context.Context, n int, now time.Time, ttl time.Duration) {
+		t.Helper()
+		now = now.UTC().Truncate(time.Microsecond)
+		until := now.Add(ttl).UTC().Truncate(time.Microsecond)
+		const chunk = 500
+		for start := 0; start < n; start += chunk {
+			var q strings.Builder
+			q.WriteString(`INSERT INTO idem_keys (scope, endpoint, idem_key, fingerprint, state, token,
+	locked_until, started_at, lease_expired_state, response_status, not_replayable, created_at,
+	updated_at, expires_at, ttl) VALUES `)
+			var args []any
+			for i := start; i < min(start+chunk, n); i++ {
+				if i > start {
+					q.WriteString(", ")
+				}
+				q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, 'unknown', ?, FALSE, ?, ?, ?, ?)")
+				state, status := []string{"completed", "released", "unknown"}[i%3], any(nil)
+				if i%3 == 0 {
+					status = 201
+				}
+				args = append(args, id(i).Scope, id(i).Endpoint, id(i).Key, testFingerprint, state,
+					fmt.Sprintf("bulk-%05d", i), now, now, status, now, now, until, ttl.Microseconds())
+			}
+			if _, err := s.DB().ExecContext(ctx, q.String(), args...); err != nil {
+				t.Fatalf("bulk insert: %v", err)
+			}
 		}
 	}
 	return s, bulk

@@ -13,7 +13,9 @@
 // The suite is clock-driven: it never sleeps, it moves the Clock. Its times
 // and durations are whole seconds, its identities ASCII letters, digits,
 // spaces, '-' and '/', so stores may keep millisecond or microsecond times
-// and must order identities by bytes (PostgreSQL: COLLATE "C").
+// and must compare and order identities by bytes (PostgreSQL: COLLATE "C";
+// MySQL: VARBINARY, as a case-insensitive or space-padding collation fails
+// Reserve/ByteExactIdentities).
 //
 // Semantics the suite pins down beyond the comments of idemstore.Store:
 //
@@ -51,8 +53,10 @@ package idemtest
 
 import (
 	"bytes"
+	"cmp"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -381,6 +385,77 @@ func testReserve(t *testing.T, setup setupFunc) {
 			{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "abc "},
 		}
 		testIsolation(t, b, ids)
+	})
+
+	t.Run("ByteExactIdentities", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Identities that a case-insensitive or accent-insensitive
+		// collation, or one that pads spaces (MySQL's defaults, and
+		// MariaDB's utf8mb4_bin), would take for one: each is a record of
+		// its own, and they list in byte order.
+		base := idemstore.Identity{Scope: "tenant-a", Endpoint: "POST /v1/payments", Key: "Order-1"}
+		variants := []idemstore.Identity{base}
+		for _, key := range []string{"order-1", "ORDER-1", "order-1 ", "Order-1  "} {
+			id := base
+			id.Key = key
+			variants = append(variants, id)
+		}
+		for _, scope := range []string{"Tenant-A", "tenant-a "} {
+			id := base
+			id.Scope = scope
+			variants = append(variants, id)
+		}
+		for _, endpoint := range []string{"post /v1/payments", "POST /v1/payments "} {
+			id := base
+			id.Endpoint = endpoint
+			variants = append(variants, id)
+		}
+		tokens := map[idemstore.Identity]string{}
+		for _, id := range variants {
+			p := b.params(id)
+			r := b.reserveNew(t, p)
+			if r.Identity != id {
+				t.Fatalf("reserved identity %q, want %q", r.Identity, id)
+			}
+			tokens[id] = p.Token
+		}
+		b.complete(t, base, tokens[base], sampleResponse())
+		for _, id := range variants {
+			r := b.get(t, id)
+			if r.Identity != id || r.Token != tokens[id] {
+				t.Fatalf("KeyGet(%q) = identity %q token %q, want its own record (token %q)", id, r.Identity, r.Token, tokens[id])
+			}
+			want := idemstore.StateInProgress
+			if id == base {
+				want = idemstore.StateCompleted
+			}
+			requireState(t, r, want)
+			if id != base {
+				// A reservation of a variant finds the variant's record.
+				if got := b.reserveExisting(t, b.params(id)); got.Token != tokens[id] {
+					t.Fatalf("KeyReserve(%q) found token %q, want %q", id, got.Token, tokens[id])
+				}
+			}
+		}
+		recs, err := b.store.KeyList(b.ctx, &idemstore.ListParams{})
+		if err != nil {
+			t.Fatalf("KeyList: %v", err)
+		}
+		want := slices.Clone(variants)
+		slices.SortFunc(want, func(x, y idemstore.Identity) int {
+			return cmp.Or(strings.Compare(x.Scope, y.Scope), strings.Compare(x.Endpoint, y.Endpoint), strings.Compare(x.Key, y.Key))
+		})
+		if got := identities(recs); !slices.Equal(got, want) {
+			t.Fatalf("KeyList = %q, want byte order %q", got, want)
+		}
+		recs, err = b.store.KeyList(b.ctx, &idemstore.ListParams{Scope: base.Scope, Endpoint: base.Endpoint})
+		if err != nil {
+			t.Fatalf("KeyList: %v", err)
+		}
+		if len(recs) != 5 {
+			t.Fatalf("KeyList of scope %q endpoint %q = %q, want the 5 keys of exactly those", base.Scope, base.Endpoint, identities(recs))
+		}
 	})
 }
 

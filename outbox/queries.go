@@ -14,7 +14,7 @@ var postgresSQL string
 //go:embed queries/sqlite.sql
 var sqliteSQL string
 
-//go:embed migrations/postgres/*.sql migrations/sqlite/*.sql
+//go:embed migrations/postgres/*.sql migrations/sqlite/*.sql migrations/mysql/*.sql
 var migrationsFS embed.FS
 
 // queries are one dialect's statements.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/idem-dev/idem/idemtest"
 	"github.com/idem-dev/idem/internal/testenv"
 
+	_ "github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite"
 )
 
@@ -53,8 +55,8 @@ type migrator interface {
 	MigrationStatus(ctx context.Context) ([]Migration, error)
 }
 
-// forEachStore runs f against a fresh SQLite file and a fresh PostgreSQL
-// schema, in parallel.
+// forEachStore runs f against a fresh SQLite file, a fresh PostgreSQL
+// schema and a fresh MySQL database, in parallel.
 func forEachStore(t *testing.T, f func(t *testing.T, b *bundle)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -64,6 +66,100 @@ func forEachStore(t *testing.T, f func(t *testing.T, b *bundle)) {
 		t.Parallel()
 		f(t, setupPostgres(t))
 	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, setupMySQL(t))
+	})
+}
+
+// newMySQLDB creates a database on the test MySQL server
+// (IDEM_TEST_MYSQL_URL), dropped when the test ends, and returns a pool
+// on it that scans times as UTC (parseTime, loc=UTC) and nothing more.
+func newMySQLDB(t testing.TB) func(t testing.TB) *sql.DB {
+	t.Helper()
+	base := testenv.MySQLURL(t)
+	admin, err := sql.Open("mysql", testenv.MySQLDSN(t, base, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "outbox_test_" + hex.EncodeToString(b)
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		admin.Close()
+		t.Fatalf("creating database: %v", err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Errorf("dropping database %s: %v", name, err)
+		}
+	})
+	dsn := testenv.MySQLDSN(t, base, name)
+	if strings.Contains(dsn, "?") {
+		dsn += "&parseTime=true&loc=UTC"
+	} else {
+		dsn += "?parseTime=true&loc=UTC"
+	}
+	return func(t testing.TB) *sql.DB {
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(8)
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+}
+
+func setupMySQL(t *testing.T) *bundle {
+	t.Helper()
+	open := newMySQLDB(t)
+	db := open(t)
+	clock := idemtest.NewClock(epoch)
+	s := NewMySQL(db, &Config{Now: clock.Now})
+	ctx := context.Background()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return &bundle{
+		name:     "mysql",
+		store:    s,
+		clock:    clock,
+		ctx:      ctx,
+		migrator: s,
+		enqueue: func(t *testing.T, commit bool, ms ...Message) ([]int64, error) {
+			t.Helper()
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			var ids []int64
+			for _, m := range ms {
+				id, err := s.Enqueue(ctx, tx, m)
+				if err != nil {
+					return nil, err
+				}
+				ids = append(ids, id)
+			}
+			if commit {
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return ids, nil
+		},
+		exec: func(q string, args ...any) error {
+			_, err := db.ExecContext(ctx, q, args...)
+			return err
+		},
+		newStore: func(t *testing.T) Store {
+			return NewMySQL(open(t), &Config{Now: clock.Now})
+		},
+	}
 }
 
 // openSQLite opens path as idemsqlite.Open would: WAL, a busy timeout and

@@ -353,17 +353,19 @@ func TestMigrations(t *testing.T) {
 
 func TestLoadMigrations(t *testing.T) {
 	t.Parallel()
-	for _, ms := range [][]migrate.Migration{postgresMigrations, sqliteMigrations} {
+	for _, ms := range [][]migrate.Migration{postgresMigrations, sqliteMigrations, mysqlMigrations} {
 		if len(ms) == 0 || ms[0].Version != 1 {
 			t.Fatalf("migrations %v", ms)
 		}
 	}
-	if len(postgresMigrations) != len(sqliteMigrations) {
-		t.Errorf("%d postgres migrations, %d sqlite: the dialects must move together", len(postgresMigrations), len(sqliteMigrations))
+	if len(postgresMigrations) != len(sqliteMigrations) || len(postgresMigrations) != len(mysqlMigrations) {
+		t.Errorf("%d postgres migrations, %d sqlite, %d mysql: the dialects must move together",
+			len(postgresMigrations), len(sqliteMigrations), len(mysqlMigrations))
 	}
 	for i := range postgresMigrations {
-		if postgresMigrations[i].Name != sqliteMigrations[i].Name {
-			t.Errorf("migration %d: %s on postgres, %s on sqlite", i+1, postgresMigrations[i].Name, sqliteMigrations[i].Name)
+		if postgresMigrations[i].Name != sqliteMigrations[i].Name || postgresMigrations[i].Name != mysqlMigrations[i].Name {
+			t.Errorf("migration %d: %s on postgres, %s on sqlite, %s on mysql", i+1,
+				postgresMigrations[i].Name, sqliteMigrations[i].Name, mysqlMigrations[i].Name)
 		}
 	}
 }

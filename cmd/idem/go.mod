@@ -10,6 +10,7 @@ require (
 	github.com/idem-dev/idem/idemcache v0.1.0
 	github.com/idem-dev/idem/idemgrpc v0.1.0
 	github.com/idem-dev/idem/idemmaint v0.1.0
+	github.com/idem-dev/idem/idemmysql v0.1.0
 	github.com/idem-dev/idem/idemnats v0.1.0
 	github.com/idem-dev/idem/idempgx v0.1.0
 	github.com/idem-dev/idem/idemprom v0.1.0
@@ -30,6 +31,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
@@ -41,6 +43,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -95,3 +98,5 @@ replace github.com/idem-dev/idem/idemnats => ../../idemnats
 replace github.com/idem-dev/idem/outbox/outboxamqp => ../../outbox/outboxamqp
 
 replace github.com/idem-dev/idem/outbox/outboxnats => ../../outbox/outboxnats
+
+replace github.com/idem-dev/idem/idemmysql => ../../idemmysql

@@ -4,9 +4,9 @@
 // NNN_name.down.sql, numbered 1..n and embedded in an fs.FS (Load). A
 // Runner applies the pending ones (Up), reverts the latest (Down) or reports
 // which are applied (Status), recording them in a migrations table of its
-// own. The database's side is a Dialect: SQLite on database/sql, or Postgres
-// on pgx, each holding a lock while it migrates so that processes starting
-// at once apply each migration once.
+// own. The database's side is a Dialect: SQLite on database/sql, Postgres
+// on pgx, or MySQL on database/sql, each holding a lock while it migrates so
+// that processes starting at once apply each migration once.
 package migrate
 
 import (
@@ -162,8 +162,8 @@ func parseFileName(base string) (version int, name string, up, ok bool) {
 	return version, name, direction == "up", true
 }
 
-// Dialect is a database's side of a Runner. SQLite and Postgres implement
-// it.
+// Dialect is a database's side of a Runner. SQLite, Postgres and MySQL
+// implement it.
 type Dialect interface {
 	// Locked runs f in a transaction that holds the migration lock and has
 	// the migrations table in place, passing the applied versions and when

@@ -1,9 +1,9 @@
 // Package testenv finds the external services that tests need.
 //
-// Tests that need PostgreSQL, Redis, NATS or RabbitMQ call PostgresURL,
-// RedisURL, NATSURL or AMQPURL. The URL comes from IDEM_TEST_DATABASE_URL /
-// IDEM_TEST_REDIS_URL / IDEM_TEST_NATS_URL / IDEM_TEST_AMQP_URL with
-// localhost defaults. When the service does not answer the test is skipped with the
+// Tests that need PostgreSQL, MySQL (or MariaDB), Redis, NATS or RabbitMQ
+// call PostgresURL, MySQLURL, RedisURL, NATSURL or AMQPURL. The URL comes
+// from IDEM_TEST_DATABASE_URL / IDEM_TEST_MYSQL_URL / IDEM_TEST_REDIS_URL /
+// IDEM_TEST_NATS_URL / IDEM_TEST_AMQP_URL with localhost defaults. When the service does not answer the test is skipped with the
 // variable's name, unless IDEM_TEST_REQUIRE_ALL=1, when it fails instead.
 //
 // Race releases many goroutines at once, for tests of concurrent callers;
@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -22,6 +23,7 @@ import (
 // Default service URLs, used when the environment variables are unset.
 const (
 	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultMySQLURL    = "mysql://root@127.0.0.1:3306/test"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
 	DefaultNATSURL     = "nats://127.0.0.1:4222"
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
@@ -35,6 +37,45 @@ func RequireAll() bool { return os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" }
 func PostgresURL(t testing.TB) string {
 	t.Helper()
 	return serviceURL(t, "IDEM_TEST_DATABASE_URL", DefaultPostgresURL, "5432")
+}
+
+// MySQLURL returns the MySQL (or MariaDB) URL for tests,
+// mysql://user:pass@host:3306/db, or skips (fails under
+// IDEM_TEST_REQUIRE_ALL=1) when the server does not answer.
+func MySQLURL(t testing.TB) string {
+	t.Helper()
+	return serviceURL(t, "IDEM_TEST_MYSQL_URL", DefaultMySQLURL, "3306")
+}
+
+// MySQLDSN returns the go-sql-driver DSN (user:pass@tcp(host:port)/db) of
+// rawURL, a mysql:// URL as MySQLURL returns it, with database db instead
+// of the URL's when db is not empty. The URL's query passes on as the DSN's
+// parameters.
+func MySQLDSN(t testing.TB, rawURL, db string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "mysql" {
+		t.Fatalf("IDEM_TEST_MYSQL_URL: want mysql://user:pass@host:3306/db (%v)", err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	if db == "" {
+		db = strings.TrimPrefix(u.Path, "/")
+	}
+	dsn := "tcp(" + host + ")/" + db
+	if u.User != nil {
+		user := u.User.Username()
+		if pass, ok := u.User.Password(); ok {
+			user += ":" + pass
+		}
+		dsn = user + "@" + dsn
+	}
+	if u.RawQuery != "" {
+		dsn += "?" + u.RawQuery
+	}
+	return dsn
 }
 
 // RedisURL returns the Redis URL for tests, or skips (fails under

@@ -12,7 +12,9 @@ require (
 require github.com/stretchr/testify v1.12.1 // indirect
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/idem-dev/idem/internal/pgxmigrate v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

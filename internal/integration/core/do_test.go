@@ -222,7 +222,7 @@ const (
 // lease lasts, then turns unknown; no retry ever runs the function again.
 func TestDoCrash(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"sqlite", "postgres"} {
+	for _, kind := range []string{"sqlite", "postgres", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			clock := newTestClock()

@@ -1,10 +1,11 @@
 // Package teststore opens a store of each kind the conformance suite
-// covers (memory, SQLite, PostgreSQL, Redis) for one test, in a place of its
-// own that is removed when the test ends: a file in the test's temporary
-// directory, a fresh PostgreSQL schema, a fresh Redis key prefix.
+// covers (memory, SQLite, PostgreSQL, MySQL, Redis) for one test, in a place
+// of its own that is removed when the test ends: a file in the test's
+// temporary directory, a fresh PostgreSQL schema, a fresh MySQL database, a
+// fresh Redis key prefix.
 //
-// PostgreSQL and Redis are found through testenv: a server that does not
-// answer skips the test, or fails it under IDEM_TEST_REQUIRE_ALL=1.
+// PostgreSQL, MySQL and Redis are found through testenv: a server that does
+// not answer skips the test, or fails it under IDEM_TEST_REQUIRE_ALL=1.
 //
 // It is a package of its own, not part of testenv, because it imports the
 // store drivers, whose own tests import testenv.
@@ -13,6 +14,7 @@ package teststore
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"path/filepath"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemmysql"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemredis"
 	"github.com/idem-dev/idem/idemsqlite"
@@ -32,7 +35,7 @@ import (
 )
 
 // Kinds are the kinds of store Open makes, in the order ForEach runs them.
-var Kinds = []string{"memory", "sqlite", "postgres", "redis"}
+var Kinds = []string{"memory", "sqlite", "postgres", "mysql", "redis"}
 
 // ForEach runs f as a parallel subtest, named after the kind, for each of
 // Kinds.
@@ -57,6 +60,8 @@ func Open(t testing.TB, kind string, now func() time.Time) idemstore.Store {
 		return OpenSQLite(t, filepath.Join(t.TempDir(), "idem.db"), now)
 	case "postgres":
 		return OpenPostgres(t, NewSchema(t), now)
+	case "mysql":
+		return OpenMySQL(t, NewMySQLDatabase(t), now)
 	case "redis":
 		return OpenRedis(t, now)
 	}
@@ -64,9 +69,10 @@ func Open(t testing.TB, kind string, now func() time.Time) idemstore.Store {
 	return nil
 }
 
-// OpenDurable returns a store of kind "sqlite" or "postgres", like Open,
-// and the spec with which Reopen opens the same store again, in this
-// process or in another: "sqlite:PATH" or "postgres:SCHEMA".
+// OpenDurable returns a store of kind "sqlite", "postgres" or "mysql",
+// like Open, and the spec with which Reopen opens the same store again, in
+// this process or in another: "sqlite:PATH", "postgres:SCHEMA" or
+// "mysql:DSN".
 func OpenDurable(t testing.TB, kind string, now func() time.Time) (idemstore.TxStore, string) {
 	t.Helper()
 	var spec string
@@ -75,6 +81,8 @@ func OpenDurable(t testing.TB, kind string, now func() time.Time) (idemstore.TxS
 		spec = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	case "postgres":
 		spec = "postgres:" + NewSchema(t)
+	case "mysql":
+		spec = "mysql:" + NewMySQLDatabase(t)
 	default:
 		t.Fatalf("teststore: store kind %q is not durable", kind)
 	}
@@ -90,6 +98,8 @@ func Reopen(t testing.TB, spec string, now func() time.Time) idemstore.TxStore {
 		return OpenSQLite(t, where, now)
 	case "postgres":
 		return OpenPostgres(t, where, now)
+	case "mysql":
+		return OpenMySQL(t, where, now)
 	}
 	t.Fatalf("teststore: unknown store spec %q", spec)
 	return nil
@@ -148,6 +158,47 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// OpenMySQL returns a MySQL store on the database of dsn (a go-sql-driver
+// DSN), migrated, on a pool of its own of at most 8 connections, closed
+// when the test ends.
+func OpenMySQL(t testing.TB, dsn string, now func() time.Time) *idemmysql.Store {
+	t.Helper()
+	s, err := idemmysql.Open(context.Background(), dsn, &idemmysql.Config{Now: now, MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return s
+}
+
+// NewMySQLDatabase creates a database on the test MySQL server
+// (testenv.MySQLURL), dropped when the test ends, and returns its DSN.
+func NewMySQLDatabase(t testing.TB) string {
+	t.Helper()
+	base := testenv.MySQLURL(t)
+	admin, err := sql.Open("mysql", testenv.MySQLDSN(t, base, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "idem_test_" + randomHex()
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		admin.Close()
+		t.Fatalf("creating database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Errorf("dropping database %s: %v", name, err)
+		}
+	})
+	return testenv.MySQLDSN(t, base, name)
 }
 
 // OpenRedis returns a Redis store under a fresh key prefix whose keys are

@@ -101,7 +101,7 @@ func parseKeysRotate(args []string, e *env) (*keysRotateOptions, error) {
 			"every process's keys file until it reports nothing left under them.\n"+
 			"Interrupted, it resumes from the cursor it printed last (--resume), or from\n"+
 			"the start: records done are skipped.")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	o.keyring.register(fs)
 	fs.Var(positiveIntValue{&o.batchSize}, "batch-size", "`N` records listed and rewritten per batch")
 	fs.Var(cursorValue{&o.resume}, "resume", "`CURSOR` printed by an interrupted run: start after it")

@@ -22,7 +22,7 @@ var errNoSchema = errors.New("no idem schema here; run `idem migrate up`")
 // Nothing is created or migrated. Redis and memory stores have no schema.
 func openInspect(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {
 	kind := storeurl.Kind(rawURL)
-	if kind != storeurl.KindSQLite && kind != storeurl.KindPostgres {
+	if kind != storeurl.KindSQLite && kind != storeurl.KindPostgres && kind != storeurl.KindMySQL {
 		return storeurl.Open(ctx, rawURL)
 	}
 	store, closeStore, err := storeurl.OpenWith(ctx, rawURL, &storeurl.Options{NoMigrate: true, NoCreate: true})

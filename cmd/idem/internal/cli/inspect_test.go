@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,8 @@ func TestKeysRefuseADatabaseWithoutSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	pg := postgresURL(t)
-	for _, store := range []string{missing, "sqlite:" + emptyPath, pg} {
+	my := mysqlURL(t)
+	for _, store := range []string{missing, "sqlite:" + emptyPath, pg, my} {
 		for _, args := range [][]string{
 			{"keys", "list"},
 			{"keys", "show", "--endpoint", "POST /x", "k"},
@@ -61,9 +63,19 @@ func TestKeysRefuseADatabaseWithoutSchema(t *testing.T) {
 	if err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil || exists {
 		t.Errorf("keys created the schema %s (%v)", schema, err)
 	}
+	myURL, err := url.Parse(my)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mysqlAdmin(t).QueryRow(`SELECT count(*) FROM information_schema.tables WHERE table_schema = ?`,
+		strings.TrimPrefix(myURL.Path, "/")).Scan(&tables); err != nil || tables != 0 {
+		t.Errorf("keys created %d tables in the MySQL database (%v), want none", tables, err)
+	}
 	// After migrate up the same command works.
-	mustRun(t, "migrate", "up", "--store", pg)
-	if out := mustRun(t, "keys", "list", "--store", pg); out != "No records.\n" {
-		t.Errorf("keys list after migrate up: %q", out)
+	for _, store := range []string{pg, my} {
+		mustRun(t, "migrate", "up", "--store", store)
+		if out := mustRun(t, "keys", "list", "--store", store); out != "No records.\n" {
+			t.Errorf("keys list after migrate up: %q", out)
+		}
 	}
 }

@@ -180,7 +180,7 @@ func parseKeysList(args []string, e *env) (*keysListOptions, error) {
 			"attempts, age, time to expiry) or, with --json, one JSON object a line.\n"+
 			"To sort them it reads every record that matches the filters: on a large\n"+
 			"store, narrow them (--key, --prefix, --tenant, --endpoint, --state).")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	fs.Var(stateValue{&o.state}, "state", "only records in `STATE`: in_progress, completed, released or unknown")
 	sf.register(fs)
 	fs.StringVar(&o.endpoint, "endpoint", "", "only records of `ENDPOINT`, e.g. \"POST /v1/payments\"")
@@ -396,7 +396,7 @@ type identityFlags struct {
 }
 
 func (f *identityFlags) register(fs *flagSet) {
-	fs.Var(storeValue{&f.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&f.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	f.scope.register(fs)
 	fs.StringVar(&f.endpoint, "endpoint", "", "`ENDPOINT` of the record, e.g. \"POST /v1/payments\"")
 }

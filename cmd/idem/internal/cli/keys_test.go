@@ -227,6 +227,7 @@ var keysBackends = []struct {
 		return b
 	}},
 	{"postgres", func(t *testing.T) *keysBackend { return urlBackend(t, "postgres", postgresURL(t)) }},
+	{"mysql", func(t *testing.T) *keysBackend { return urlBackend(t, "mysql", mysqlURL(t)) }},
 	{"redis", func(t *testing.T) *keysBackend { return urlBackend(t, "redis", redisURL(t)) }},
 	{"redis-cluster", func(t *testing.T) *keysBackend {
 		u, _ := redisClusterURL(t)

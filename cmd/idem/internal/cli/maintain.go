@@ -48,7 +48,7 @@ func parseMaintain(args []string, e *env) (*maintainOptions, error) {
 		batchSize:     idemmaint.DefaultBatchSize,
 	}
 	fs := newFlagSet("maintain", "idem maintain [--store URL] [--sweep-interval D] [--reap-interval D] [--batch-size N] [--reconcile-url TEMPLATE] [--once]", maintainAbout)
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	fs.Var(durationValue{p: &o.sweepInterval}, "sweep-interval", "`DURATION` between two sweeps of expired leases")
 	fs.Var(durationValue{p: &o.reapInterval}, "reap-interval", "`DURATION` between two reaps of expired records")
 	fs.Var(countValue{&o.batchSize}, "batch-size", "records one store call sweeps, reaps or lists, at most `N`")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-dev/idem/idemmysql"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
@@ -26,8 +27,8 @@ type migration struct {
 
 func (m migration) String() string { return fmt.Sprintf("%03d_%s", m.version, m.name) }
 
-// migrator is what `idem migrate` needs of a SQL store: idemsqlite and
-// idempgx each have their own Migration type.
+// migrator is what `idem migrate` needs of a SQL store: idemsqlite,
+// idempgx and idemmysql each have their own Migration type.
 type migrator interface {
 	up(ctx context.Context) ([]migration, error)
 	down(ctx context.Context) (*migration, error)
@@ -42,6 +43,8 @@ func migratorOf(s idemstore.Store) migrator {
 		return sqliteMigrator{s}
 	case *idempgx.Store:
 		return pgxMigrator{s}
+	case *idemmysql.Store:
+		return mysqlMigrator{s}
 	}
 	return nil
 }
@@ -96,6 +99,31 @@ func (m pgxMigrator) status(ctx context.Context) ([]migration, error) {
 	return convertAll(ms, fromPgx), err
 }
 
+type mysqlMigrator struct{ s *idemmysql.Store }
+
+func fromMySQL(m idemmysql.Migration) migration {
+	return migration{m.Version, m.Name, m.Applied, m.AppliedAt}
+}
+
+func (m mysqlMigrator) up(ctx context.Context) ([]migration, error) {
+	ms, err := m.s.Migrate(ctx)
+	return convertAll(ms, fromMySQL), err
+}
+
+func (m mysqlMigrator) down(ctx context.Context) (*migration, error) {
+	r, err := m.s.MigrateDown(ctx)
+	if r == nil {
+		return nil, err
+	}
+	c := fromMySQL(*r)
+	return &c, err
+}
+
+func (m mysqlMigrator) status(ctx context.Context) ([]migration, error) {
+	ms, err := m.s.MigrationStatus(ctx)
+	return convertAll(ms, fromMySQL), err
+}
+
 func convertAll[T any](ms []T, f func(T) migration) []migration {
 	out := make([]migration, len(ms))
 	for i, m := range ms {
@@ -115,13 +143,13 @@ var migrateActions = []string{"up", "down", "status"}
 
 func newMigrateFlags(o *migrateOptions) *flagSet {
 	fs := newFlagSet("migrate", "idem migrate up|down|status [--store URL]",
-		"Manages the schema of a SQL store (SQLite, PostgreSQL):\n"+
+		"Manages the schema of a SQL store (SQLite, PostgreSQL, MySQL):\n"+
 			"  up      applies the pending migrations (the proxy also does this when it starts)\n"+
 			"  down    reverts the latest applied migration, dropping what it created,\n"+
 			"          records included; run it again to revert the one before\n"+
 			"  status  lists the migrations and when each was applied\n"+
 			"Redis and memory stores have no schema: there is nothing to migrate.")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	fs.Var(countValue{&o.partitions}, "partitions", "with up on PostgreSQL: create the key table hash-partitioned by tenant into `N` partitions (0: one table)")
 	return fs
 }

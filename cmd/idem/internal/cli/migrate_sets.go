@@ -9,6 +9,7 @@ import (
 
 	paysvc "github.com/idem-dev/idem/cmd/idem/internal/payments"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-dev/idem/idemmysql"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
@@ -62,6 +63,17 @@ func otherMigrationSets(ctx context.Context, rawURL string, store idemstore.Stor
 		}
 		outboxMs = convertAll(ob, fromOutbox)
 		ps, err := paysvc.PostgresMigrationStatus(ctx, pool, schema)
+		if err != nil {
+			return nil, fmt.Errorf("reading the payments table's migrations: %w", err)
+		}
+		paymentsMs = convertAll(ps, fromStatus)
+	case *idemmysql.Store:
+		ob, err := outbox.NewMySQL(s.DB(), nil).MigrationStatus(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading the outbox's migrations: %w", err)
+		}
+		outboxMs = convertAll(ob, fromOutbox)
+		ps, err := paysvc.MySQLMigrationStatus(ctx, s.DB())
 		if err != nil {
 			return nil, fmt.Errorf("reading the payments table's migrations: %w", err)
 		}

@@ -257,7 +257,7 @@ func TestMigrateFailures(t *testing.T) {
 // sets it holds: the keys', the outbox's and the payments table's.
 func TestMigrateStatusListsEverySet(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{sqliteURL(t), postgresURL(t)} {
+	for _, store := range []string{sqliteURL(t), postgresURL(t), mysqlURL(t)} {
 		e := newTestEnv(nil)
 		_, stop := payCommand(t, e, payArgs(t, "--tokens", "acme="+payToken, "--store", store)...)
 		if code := stop(); code != ExitOK {

@@ -85,8 +85,8 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` of the API; port 0 picks a free one")
 	fs.StringVar(&o.providerListen, "provider-listen", o.providerListen, "`ADDR` of the in-process provider")
 	fs.Var(httpURLValue{&o.providerURL}, "provider-url", "`URL` of an external provider (idem provider) to use instead of starting one")
-	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH or postgres://… (default: beside --store: a file NAME-provider.db next to its file, or the schema NAME_provider in its database)")
-	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH or postgres://… (?schema=NAME)")
+	fs.Var(sqlStoreValue{&o.providerStore}, "provider-store", "ledger `URL` of the in-process provider: sqlite:PATH, postgres://… or mysql://… (default: beside --store: a file NAME-provider.db next to its file, the schema NAME_provider in its PostgreSQL database, or sqlite:./idem-provider.db beside a MySQL store)")
+	fs.Var(sqlStoreValue{&o.store}, "store", "database `URL` of the service: sqlite:PATH, postgres://… (?schema=NAME) or mysql://user:pass@host:3306/db")
 	fs.Var(eventsValue{&o.events}, "events", "`URL` where each succeeded payment publishes a payment.succeeded event through the outbox: nats://HOST:4222 (JetStream; ?subject=, ?stream=) or amqp://USER:PASS@HOST:5672/ (RabbitMQ; ?exchange=)")
 	fs.Var(secretValue{&o.tokensRaw}, "tokens", "`TENANT=TOKEN,…` bearer tokens; without it a demo tenant and token are made and printed")
 	registerFaults(fs, &o.faults, "provider-")
@@ -135,7 +135,10 @@ func parsePayments(args []string, e *env) (*paymentsOptions, error) {
 // (sqlite:./idem.db gives sqlite:./idem-provider.db), for PostgreSQL the
 // same database with the schema NAME_provider (NAME is the store's schema,
 // "idem" when it has none), so the provider's own idempotency records stay
-// apart from the service's.
+// apart from the service's. Beside a MySQL store it is
+// provider.DefaultStore, a SQLite file in the working directory: another
+// database would need the right to create one (--provider-store names a
+// mysql:// one).
 func providerStoreBeside(store string) (string, error) {
 	switch storeurl.Kind(store) {
 	case storeurl.KindSQLite:

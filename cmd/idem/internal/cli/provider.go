@@ -28,7 +28,7 @@ func parseProvider(args []string, e *env) (*providerOptions, error) {
 			"GET /charges?idempotency_key=KEY for reconciliation and GET /charges for the\n"+
 			"whole ledger. `idem payments --provider-url URL` uses it instead of its own.")
 	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` to serve on; port 0 picks a free one")
-	fs.Var(sqlStoreValue{&o.store}, "store", "ledger `URL`: sqlite:PATH or postgres://… (?schema=NAME)")
+	fs.Var(sqlStoreValue{&o.store}, "store", "ledger `URL`: sqlite:PATH, postgres://… (?schema=NAME) or mysql://…")
 	registerFaults(fs, &o.faults, "")
 	if err := fs.parse(args, e); err != nil {
 		return nil, err
@@ -62,8 +62,8 @@ func (v rateValue) Set(s string) error {
 	return nil
 }
 
-// sqlStoreValue is a store URL naming a SQL store: the payments service and
-// the provider need transactions.
+// sqlStoreValue is a store URL naming a SQL store (SQLite, PostgreSQL or
+// MySQL): the payments service and the provider need transactions.
 type sqlStoreValue struct{ p *string }
 
 func (v sqlStoreValue) String() string {
@@ -75,11 +75,11 @@ func (v sqlStoreValue) String() string {
 
 func (v sqlStoreValue) Set(s string) error {
 	switch storeurl.Kind(s) {
-	case storeurl.KindSQLite, storeurl.KindPostgres:
+	case storeurl.KindSQLite, storeurl.KindPostgres, storeurl.KindMySQL:
 		*v.p = s
 		return nil
 	}
-	return errors.New("want sqlite:PATH or postgres://… (a SQL store)")
+	return errors.New("want sqlite:PATH, postgres://… or mysql://… (a SQL store)")
 }
 
 func runProvider(ctx context.Context, e *env, args []string) (err error) {

@@ -79,7 +79,7 @@ func parseProxy(args []string, e *env) (*proxyOptions, error) {
 			"to its end even when the client hangs up.")
 	fs.StringVar(&o.listen, "listen", o.listen, "`ADDR` to serve on; port 0 picks a free one")
 	fs.Var(httpURLValue{&o.upstream}, "upstream", "`URL` of the API to protect (required)")
-	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://… or redis://…")
+	fs.Var(storeValue{&o.store}, "store", "store `URL`: sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	fs.Var(durationValue{p: &o.ttl}, "ttl", "`DURATION` a key is kept (Go syntax: 30s, 24h)")
 	fs.Var(durationValue{p: &o.lease}, "lease", "`DURATION` of the in-progress lock, renewed while the upstream works")
 	fs.Var(durationValue{p: &o.wait, zeroOK: true}, "wait", "`DURATION` a retry waits for a key in progress; 0 answers 409 at once")
@@ -151,7 +151,7 @@ func (v storeValue) String() string {
 
 func (v storeValue) Set(s string) error {
 	if storeurl.Kind(s) == "" {
-		return errors.New("want sqlite:PATH, memory:, postgres://… or redis://…")
+		return errors.New("want sqlite:PATH, memory:, postgres://…, mysql://… or redis://…")
 	}
 	*v.p = s
 	return nil

@@ -171,6 +171,13 @@ func TestPaymentsSoakPostgres(t *testing.T) {
 	soakPayments(t, pgSchemaURL(t, 12), t.TempDir())
 }
 
+// TestPaymentsSoakMySQL soaks `idem payments` on MySQL, in a fresh
+// database: see soakPayments.
+func TestPaymentsSoakMySQL(t *testing.T) {
+	t.Parallel()
+	soakPayments(t, newMyEnv(t).storeURL(12), t.TempDir())
+}
+
 // soakClients is the number of concurrent clients of a soak, and soakFor
 // how long they start new payments.
 const (

@@ -25,7 +25,7 @@ import (
 // sees childEnv and serves instead of testing. The other variables configure
 // the child.
 const (
-	childEnv      = "IDEM_E2E_CHILD"      // "tx" or "phases"
+	childEnv      = "IDEM_E2E_CHILD"      // "tx", "phases" or "mysql-tx"
 	childDBEnv    = "IDEM_E2E_DATABASE"   // PostgreSQL URL
 	childSchema   = "IDEM_E2E_SCHEMA"     // the test's schema
 	childLease    = "IDEM_E2E_LEASE"      // the middleware's lease
@@ -68,6 +68,9 @@ func runChild(mode string) int {
 		logger.Error("child outlived its test")
 		os.Exit(4)
 	})
+	if mode == "mysql-tx" {
+		return runMySQLChild(logger)
+	}
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(os.Getenv(childDBEnv))
 	if err != nil {

@@ -41,15 +41,15 @@ var migrationsFS embed.FS
 // outbox and the payments, so that a payment, its outbox row and the key's
 // completion commit in one transaction.
 type database struct {
-	kind   string // storeurl.KindSQLite or storeurl.KindPostgres
+	kind   string // storeurl.KindSQLite, storeurl.KindPostgres or storeurl.KindMySQL
 	store  idemstore.TxStore
 	outbox outbox.Store
 	repo   repo
 	close  func() error
 }
 
-// openDatabase opens the store rawURL names (sqlite:PATH or postgres://…,
-// with ?schema=NAME) and applies the embedded migrations of the idem store,
+// openDatabase opens the store rawURL names (sqlite:PATH, postgres://…
+// with ?schema=NAME, or mysql://…) and applies the embedded migrations of the idem store,
 // the outbox and the payments table.
 func openDatabase(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {
 	switch storeurl.Kind(rawURL) {
@@ -57,8 +57,10 @@ func openDatabase(ctx context.Context, rawURL string, now func() time.Time) (*da
 		return openSQLite(ctx, rawURL, now)
 	case storeurl.KindPostgres:
 		return openPostgres(ctx, rawURL, now)
+	case storeurl.KindMySQL:
+		return openMySQL(ctx, rawURL, now)
 	}
-	return nil, fmt.Errorf("store %s: want sqlite:PATH or postgres://… (payments need a SQL store for transactional mode)", storeurl.Redact(rawURL))
+	return nil, fmt.Errorf("store %s: want sqlite:PATH, postgres://… or mysql://… (payments need a SQL store for transactional mode)", storeurl.Redact(rawURL))
 }
 
 func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (*database, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -11,6 +12,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,6 +58,42 @@ func stores(t *testing.T, f func(t *testing.T, store string)) {
 		t.Parallel()
 		f(t, postgresStore(t))
 	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, mysqlStore(t))
+	})
+}
+
+// mysqlStore returns a store URL naming a new database on the test MySQL
+// server, dropped when the test ends.
+func mysqlStore(t *testing.T) string {
+	t.Helper()
+	raw := testenv.MySQLURL(t)
+	admin, err := sql.Open("mysql", testenv.MySQLDSN(t, raw, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "payments_test_" + hex.EncodeToString(b)
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		admin.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Errorf("dropping database: %v", err)
+		}
+	})
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }
 
 // postgresStore returns a store URL with a new schema, dropped when the
@@ -265,6 +303,8 @@ func (b *bundle) count(t *testing.T, table string) int {
 		err = r.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n)
 	case *pgxRepo:
 		err = r.pool.QueryRow(b.ctx, "SELECT COUNT(*) FROM "+r.schema+table).Scan(&n)
+	case *mysqlRepo:
+		err = r.db.QueryRowContext(b.ctx, "SELECT COUNT(*) FROM "+table).Scan(&n)
 	}
 	if err != nil {
 		t.Fatalf("counting %s: %v", table, err)
@@ -282,6 +322,8 @@ func (b *bundle) truncate(t *testing.T) {
 			_, err = r.db.ExecContext(b.ctx, "DELETE FROM "+table)
 		case *pgxRepo:
 			_, err = r.pool.Exec(b.ctx, "DELETE FROM "+r.schema+table)
+		case *mysqlRepo:
+			_, err = r.db.ExecContext(b.ctx, "DELETE FROM "+table)
 		}
 		if err != nil {
 			t.Fatalf("emptying %s: %v", table, err)

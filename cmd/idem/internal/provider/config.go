@@ -16,8 +16,9 @@ const DefaultStore = "sqlite:./idem-provider.db"
 // Config configures a Provider. A nil *Config means all defaults.
 type Config struct {
 	// Store is the URL of the provider's idem store, which also holds the
-	// ledger: sqlite:PATH (?synchronous=NORMAL is an option) or
-	// postgres://… (?schema=NAME, default public). Defaults to DefaultStore.
+	// ledger: sqlite:PATH (?synchronous=NORMAL is an option), postgres://…
+	// (?schema=NAME, default public) or mysql://… (the URL's database).
+	// Defaults to DefaultStore.
 	Store string
 	// Faults are the faults injected into POST /charges. Defaults to none.
 	// Provider.SetFaults changes them while the provider runs.

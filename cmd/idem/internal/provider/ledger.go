@@ -83,8 +83,8 @@ func parseQueries(src, schema string) ledgerQueries {
 }
 
 // openStore opens the idem store and the ledger that rawURL names:
-// sqlite:PATH (with ?synchronous=NORMAL as an option) or postgres://…
-// (with ?schema=NAME, default public). The ledger's table lives next to the
+// sqlite:PATH (with ?synchronous=NORMAL as an option), postgres://…
+// (with ?schema=NAME, default public) or mysql://… (the URL's database). The ledger's table lives next to the
 // store's, and is created when missing.
 func openStore(ctx context.Context, rawURL string, now func() time.Time) (idemstore.TxStore, ledger, error) {
 	switch storeurl.Kind(rawURL) {
@@ -92,8 +92,10 @@ func openStore(ctx context.Context, rawURL string, now func() time.Time) (idemst
 		return openSQLite(ctx, rawURL, now)
 	case storeurl.KindPostgres:
 		return openPostgres(ctx, rawURL, now)
+	case storeurl.KindMySQL:
+		return openMySQL(ctx, rawURL, now)
 	}
-	return nil, nil, fmt.Errorf("provider: store %s: want sqlite:PATH or postgres://… (the ledger needs a SQL store)", storeurl.Redact(rawURL))
+	return nil, nil, fmt.Errorf("provider: store %s: want sqlite:PATH, postgres://… or mysql://… (the ledger needs a SQL store)", storeurl.Redact(rawURL))
 }
 
 func openSQLite(ctx context.Context, rawURL string, now func() time.Time) (idemstore.TxStore, ledger, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -97,7 +98,37 @@ func postgresStore(t *testing.T) string {
 	return u.String()
 }
 
-// forEachStore runs f on a provider on SQLite and on PostgreSQL.
+// mysqlStore returns a store URL for a new MySQL database, dropped when
+// the test ends.
+func mysqlStore(t *testing.T) string {
+	t.Helper()
+	raw := testenv.MySQLURL(t)
+	admin, err := sql.Open("mysql", testenv.MySQLDSN(t, raw, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "provider_test_" + hex.EncodeToString(b)
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		admin.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name); err != nil {
+			t.Errorf("dropping database: %v", err)
+		}
+	})
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// forEachStore runs f on a provider on SQLite, on PostgreSQL and on MySQL.
 func forEachStore(t *testing.T, cfg Config, f func(t *testing.T, b *bundle)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -106,6 +137,10 @@ func forEachStore(t *testing.T, cfg Config, f func(t *testing.T, b *bundle)) {
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		f(t, setup(t, postgresStore(t), cfg))
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, setup(t, mysqlStore(t), cfg))
 	})
 }
 

@@ -10,6 +10,11 @@
 //	                     (default true: idempgx.Config.GroupCommit); pgx's
 //	                     own options pass through (pool_max_conns, default
 //	                     DefaultPostgresMaxConns)
+//	mysql://…            MySQL 8 or MariaDB 10.6+,
+//	                     mysql://user:pass@host:3306/db; ?pool_max_conns=N
+//	                     (default idemmysql.DefaultMaxConns), ?socket=PATH
+//	                     for a Unix socket; go-sql-driver's own options pass
+//	                     through (tls, timeout, …): see ParseMySQL
 //	redis://…            Redis (also rediss:// for TLS); ?prefix=P starts the
 //	                     store's keys with P (default idem:)
 //	redis+cluster://…    a Redis Cluster, redis+sentinel://… a master named by
@@ -25,15 +30,18 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemmem"
+	"github.com/idem-dev/idem/idemmysql"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemsqlite"
 	"github.com/idem-dev/idem/idemstore"
@@ -48,6 +56,7 @@ const (
 	KindSQLite   = "sqlite"
 	KindMemory   = "memory"
 	KindPostgres = "postgres"
+	KindMySQL    = "mysql"
 	KindRedis    = "redis"
 )
 
@@ -60,7 +69,8 @@ var ErrUnknownScheme = errors.New("unknown store scheme")
 const connectTimeout = 10 * time.Second
 
 // Kind returns the store kind rawURL names: KindSQLite, KindMemory,
-// KindPostgres or KindRedis, or "" when the scheme names no store.
+// KindPostgres, KindMySQL or KindRedis, or "" when the scheme names no
+// store.
 func Kind(rawURL string) string {
 	scheme, _, ok := strings.Cut(rawURL, ":")
 	if !ok {
@@ -73,6 +83,8 @@ func Kind(rawURL string) string {
 		return KindMemory
 	case "postgres", "postgresql":
 		return KindPostgres
+	case "mysql":
+		return KindMySQL
 	case "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 		return KindRedis
 	}
@@ -84,8 +96,9 @@ func Kind(rawURL string) string {
 type Options struct {
 	// NoMigrate opens a SQL store without applying its migrations, so that
 	// its migration status can be read and migrations reverted. The store
-	// is an *idemsqlite.Store or an *idempgx.Store whose schema may be
-	// missing or out of date. Defaults to false: migrate on open.
+	// is an *idemsqlite.Store, an *idempgx.Store or an *idemmysql.Store
+	// whose schema may be missing or out of date. Defaults to false:
+	// migrate on open.
 	NoMigrate bool
 	// NoCreate fails to open a SQLite file that does not exist yet, rather
 	// than creating it. Defaults to false: create it.
@@ -118,15 +131,17 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (idemstore.Stor
 		return idemmem.New(nil), func() error { return nil }, nil
 	case KindPostgres:
 		return openPostgres(ctx, rawURL, o)
+	case KindMySQL:
+		return openMySQL(ctx, rawURL, o)
 	case KindRedis:
 		return openRedis(ctx, rawURL)
 	}
 	// The URL is not echoed: it may carry a password.
 	scheme, _, ok := strings.Cut(rawURL, ":")
 	if !ok || scheme == "" {
-		return nil, nil, fmt.Errorf("%w: the store URL has none; want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme)
+		return nil, nil, fmt.Errorf("%w: the store URL has none; want sqlite:PATH, memory:, postgres://…, mysql://… or redis://…", ErrUnknownScheme)
 	}
-	return nil, nil, fmt.Errorf("%w %q: want sqlite:PATH, memory:, postgres://… or redis://…", ErrUnknownScheme, scheme)
+	return nil, nil, fmt.Errorf("%w %q: want sqlite:PATH, memory:, postgres://…, mysql://… or redis://…", ErrUnknownScheme, scheme)
 }
 
 // ParseSQLite reads a sqlite:PATH (or sqlite:///ABSOLUTE/PATH) URL with its
@@ -337,6 +352,92 @@ func openPostgres(ctx context.Context, rawURL string, o Options) (idemstore.Stor
 		return nil, nil, Wrap(rawURL, err)
 	}
 	return s, func() error { s.Close(); pool.Close(); return nil }, nil
+}
+
+// ParseMySQL reads a mysql://user:pass@host:3306/db URL into the DSN of
+// go-sql-driver/mysql (user:pass@tcp(host:3306)/db?…) and the size of the
+// store's pool. The port defaults to 3306 and the database is required.
+// pool_max_conns (default idemmysql.DefaultMaxConns) and socket=PATH (a
+// Unix socket instead of the host) are ours; the other query parameters
+// are the driver's (tls, timeout, readTimeout, …) and pass on in the DSN.
+// The DSN holds the password: never log it (log Redact of the URL).
+func ParseMySQL(rawURL string) (dsn string, maxConns int, err error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", 0, fmt.Errorf("store %s: %w", Redact(rawURL), errors.Unwrap(err))
+	}
+	fail := func(format string, args ...any) (string, int, error) {
+		return "", 0, fmt.Errorf("store %s: "+format, append([]any{Redact(rawURL)}, args...)...)
+	}
+	if u.Opaque != "" {
+		return fail("want mysql://user:pass@host:3306/db")
+	}
+	q, err := parseQuery(u.RawQuery)
+	if err != nil {
+		return fail("%w", err)
+	}
+	if q.Has("pool_max_conns") {
+		n, err := strconv.Atoi(q.Get("pool_max_conns"))
+		if err != nil || n < 1 {
+			return fail("pool_max_conns=%q: want a number of connections, at least 1", q.Get("pool_max_conns"))
+		}
+		maxConns = n
+		q.Del("pool_max_conns")
+	}
+	socket := q.Get("socket")
+	q.Del("socket")
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return fail("the database is missing (want mysql://user:pass@host:3306/db)")
+	}
+	cfg := mysql.NewConfig()
+	if len(q) > 0 {
+		// The driver's own options, parsed (and checked) by the driver.
+		if cfg, err = mysql.ParseDSN("/?" + q.Encode()); err != nil {
+			return fail("%v", err)
+		}
+	}
+	switch {
+	case socket != "":
+		if u.Host != "" {
+			return fail("socket=%s and a host: name one of them", socket)
+		}
+		cfg.Net, cfg.Addr = "unix", socket
+	case u.Hostname() == "":
+		return fail("the host is missing (want mysql://user:pass@host:3306/db)")
+	default:
+		port := u.Port()
+		if port == "" {
+			port = "3306"
+		}
+		cfg.Net, cfg.Addr = "tcp", net.JoinHostPort(u.Hostname(), port)
+	}
+	cfg.DBName = db
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	return cfg.FormatDSN(), maxConns, nil
+}
+
+func openMySQL(ctx context.Context, rawURL string, o Options) (idemstore.Store, func() error, error) {
+	dsn, maxConns, err := ParseMySQL(rawURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	s, err := idemmysql.Open(ctx, dsn, &idemmysql.Config{MaxConns: maxConns})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+	}
+	if !o.NoMigrate {
+		if _, err := s.Migrate(ctx); err != nil {
+			s.Close()
+			return nil, nil, fmt.Errorf("store %s: %w", Redact(rawURL), err)
+		}
+	}
+	return s, s.Close, nil
 }
 
 func openRedis(ctx context.Context, rawURL string) (idemstore.Store, func() error, error) {

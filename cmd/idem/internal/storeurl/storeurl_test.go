@@ -3,6 +3,7 @@ package storeurl
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"net"
@@ -31,7 +32,9 @@ func TestKind(t *testing.T) {
 		{"postgresql://h/db", KindPostgres},
 		{"redis://h:6379/0", KindRedis},
 		{"rediss://h:6379/0", KindRedis},
-		{"mysql://h/db", ""},
+		{"mysql://h/db", KindMySQL},
+		{"MySQL://u:p@h:3306/db", KindMySQL},
+		{"mariadb://h/db", ""},
 		{"./idem.db", ""},
 		{"", ""},
 	}
@@ -73,7 +76,11 @@ func TestOpenRefuses(t *testing.T) {
 		url     string
 		wantErr string
 	}{
-		{"mysql://root:s3cret@db/idem", `unknown store scheme "mysql"`},
+		{"mariadb://root:s3cret@db/idem", `unknown store scheme "mariadb"`},
+		{"mysql://root:s3cret@127.0.0.1:1/idem?timeout=1s", "store mysql://root:xxxxx@127.0.0.1:1/idem"},
+		{"mysql://root:s3cret@127.0.0.1:3306/", "the database is missing"},
+		{"mysql://root:s3cret@127.0.0.1:3306/idem?pool_max_conns=0", "pool_max_conns"},
+		{"mysql://root:s3cret@127.0.0.1:3306/idem?timeout=soon", "store mysql://root:xxxxx@"},
 		{"./idem.db", "unknown store scheme: the store URL has none"},
 		{"", "unknown store scheme"},
 		{"memory:extra", "takes nothing after the colon"},
@@ -103,7 +110,7 @@ func TestOpenRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := Open(t.Context(), "mysql://db"); !errors.Is(err, ErrUnknownScheme) {
+	if _, _, err := Open(t.Context(), "mariadb://db"); !errors.Is(err, ErrUnknownScheme) {
 		t.Errorf("unknown scheme error = %v, want ErrUnknownScheme", err)
 	}
 }
@@ -216,6 +223,79 @@ func TestOpenPostgres(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM "+pgx.Identifier{schema, "idem_keys"}.Sanitize()).Scan(&n); err != nil || n != 1 {
 		t.Errorf("records in %s.idem_keys = %d, %v; want 1", schema, n, err)
+	}
+}
+
+// TestParseMySQL: a mysql:// URL becomes go-sql-driver's DSN, with the
+// password where the driver reads it and never in an error.
+func TestParseMySQL(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		url, dsn string
+		conns    int
+	}{
+		{"mysql://root@127.0.0.1:3306/test", "root@tcp(127.0.0.1:3306)/test", 0},
+		{"mysql://app:s3cret@db/idem", "app:s3cret@tcp(db:3306)/idem", 0},
+		{"mysql://app:p%40ss%2Fw:rd@db:3307/idem?pool_max_conns=4", "app:p@ss/w:rd@tcp(db:3307)/idem", 4},
+		{"mysql://app@[::1]:3306/idem?tls=skip-verify&timeout=5s", "app@tcp([::1]:3306)/idem?timeout=5s&tls=skip-verify", 0},
+		{"mysql://root@/idem?socket=/tmp/my.sock", "root@unix(/tmp/my.sock)/idem", 0},
+	} {
+		dsn, conns, err := ParseMySQL(tt.url)
+		if err != nil || dsn != tt.dsn || conns != tt.conns {
+			t.Errorf("ParseMySQL(%q) = %q, %d, %v; want %q, %d", tt.url, dsn, conns, err, tt.dsn, tt.conns)
+		}
+	}
+	for _, bad := range []string{
+		"mysql://app:s3cret@db/",
+		"mysql://app:s3cret@/idem",
+		"mysql://app:s3cret@db/idem/extra",
+		"mysql://app:s3cret@db/idem?pool_max_conns=x",
+		"mysql://app:s3cret@db/idem?socket=/tmp/s",
+		"mysql://app:s3cret@db/idem?timeout=soon",
+		"mysql:app:s3cret@db/idem",
+	} {
+		_, _, err := ParseMySQL(bad)
+		if err == nil {
+			t.Errorf("ParseMySQL(%q) = nil error, want a refusal", bad)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseMySQL(%q) error %q leaks the password", bad, err)
+		}
+	}
+}
+
+func TestOpenMySQL(t *testing.T) {
+	t.Parallel()
+	base := testenv.MySQLURL(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, _, err := ParseMySQL(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() }) // after the drop below
+	name := "storeurl_test_" + randomHex()
+	if _, err := db.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Errorf("dropping %s: %v", name, err)
+		}
+	})
+	u.Path = "/" + name
+	roundTrip(t, open(t, u.String()))
+	// The store's table is in the URL's database, migrated by Open.
+	var n int
+	if err := db.QueryRowContext(t.Context(), "SELECT count(*) FROM "+name+".idem_keys").Scan(&n); err != nil || n != 1 {
+		t.Errorf("records in %s.idem_keys = %d, %v; want 1", name, n, err)
 	}
 }
 
