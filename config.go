@@ -79,6 +79,16 @@ type Config struct {
 	// Lease is the in-progress lock length; the lease is renewed every
 	// Lease/3 while the handler runs. Defaults to 30 seconds.
 	Lease time.Duration
+	// LeaseMargin is how long before the end of its lease an attempt whose
+	// lease was not renewed gives it up: its handler's context is cancelled
+	// with cause ErrLeaseLost, and CheckLease fails from then on. The end
+	// is counted on Clock from the moment the last reservation or renewal
+	// that succeeded was sent. The margin must cover the time between a
+	// handler's last CheckLease and the effect it guards, and the
+	// difference between this process's clock and the clocks of the other
+	// processes that decide on the store's leases (their sweepers and
+	// reservations). Defaults to Lease/6; at most Lease/2.
+	LeaseMargin time.Duration
 	// Wait, when positive, makes a request that finds its key in progress
 	// block up to Wait for the result instead of answering 409 at once.
 	// Defaults to 0.
@@ -169,7 +179,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the clock of every time decision the middleware (or a
 	// Guard) makes: the deadlines of store calls (StoreTimeout), lease renewals (every
-	// Lease/3), waits (Wait), Retry-After and the per-scope key rate. Tests
+	// Lease/3), the lease's end (LeaseMargin), waits (Wait), Retry-After and the per-scope key rate. Tests
 	// pass an *idemtest.Clock and move time with its Advance instead of
 	// sleeping. Defaults to the wall clock, read through Now.
 	Clock Clock
@@ -218,6 +228,10 @@ func (c *Config) withDefaults() Config {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
+	if cfg.LeaseMargin <= 0 {
+		cfg.LeaseMargin = cfg.Lease / 6
+	}
+	cfg.LeaseMargin = min(cfg.LeaseMargin, cfg.Lease/2)
 	if cfg.Profile == "" {
 		cfg.Profile = ProfileIETF
 	}
