@@ -73,6 +73,23 @@ func CheckLease(ctx context.Context) error {
 	return a.renewer.check()
 }
 
+// AfterLeaseLost arranges for f to run once, in a goroutine of its own,
+// when the attempt of the protected request in ctx gives up its lease while
+// its handler runs (at once if it has already): the moment the handler's
+// context is cancelled with cause ErrLeaseLost. It is for work the handler
+// detached from its context's cancellation and must still end when the
+// lease is gone: idem proxy's upstream call outlives a client that hangs up,
+// but not the lease. It reports false, and f never runs, outside a
+// protected request or once the handler has returned. f may run just after
+// the handler returned, when the lease was given up as it did.
+func AfterLeaseLost(ctx context.Context, f func()) bool {
+	a := attemptFrom(ctx)
+	if a == nil || a.execution == nil {
+		return false
+	}
+	return a.renewer.afterLost(f)
+}
+
 // FencingTokenFromContext returns the fencing token of the protected
 // request's attempt: a new random value for every attempt that reserves the
 // key, and the one that fences its writes to the store. Sent to a

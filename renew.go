@@ -40,6 +40,10 @@ type renewer struct {
 	lost bool
 	// cancel cancels the handler's context.
 	cancel context.CancelCauseFunc
+	// onLost are the functions AfterLeaseLost registered; onLost1 is
+	// their first backing array.
+	onLost  []func()
+	onLost1 [1]func()
 }
 
 // The generations of the renewer's two alarms: Alarmed tells them apart.
@@ -102,12 +106,40 @@ func (rn *renewer) giveUp(msg string) {
 	c := rn.a.c
 	c.alarms.Cancel(&rn.alarm)
 	c.alarms.Cancel(&rn.expiry)
-	stopped := rn.stopped
+	stopped, funcs := rn.stopped, rn.onLost
+	rn.onLost = nil
 	rn.mu.Unlock()
 	if !stopped {
 		c.log.Warn(msg, "key_hash", rn.a.keyHash(), "endpoint", rn.a.id.Endpoint)
 	}
 	rn.cancel(ErrLeaseLost)
+	if !stopped {
+		for _, f := range funcs {
+			go f()
+		}
+	}
+}
+
+// afterLost arranges for f to run in a goroutine of its own when the
+// attempt gives its lease up, at once if it has. It reports false, and
+// never runs f, once the handler has returned.
+func (rn *renewer) afterLost(f func()) bool {
+	rn.mu.Lock()
+	if rn.stopped {
+		rn.mu.Unlock()
+		return false
+	}
+	if rn.lost {
+		rn.mu.Unlock()
+		go f()
+		return true
+	}
+	if rn.onLost == nil {
+		rn.onLost = rn.onLost1[:0]
+	}
+	rn.onLost = append(rn.onLost, f)
+	rn.mu.Unlock()
+	return true
 }
 
 // check returns ErrLeaseLost when the attempt gave up its lease or the
@@ -178,6 +210,7 @@ func (rn *renewer) stop() {
 		return
 	}
 	rn.stopped = true
+	rn.onLost = nil
 	rn.a.c.alarms.Cancel(&rn.alarm)
 	rn.a.c.alarms.Cancel(&rn.expiry)
 	rn.mu.Unlock()
