@@ -15,7 +15,7 @@ var neverStored = map[string]bool{
 	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
 	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
 	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, HeaderReplayed: true, idemcrypt.HeaderSealed: true,
+	"Content-Length": true, HeaderReplayed: true, HeaderAttempt: true, idemcrypt.HeaderSealed: true,
 }
 
 // execute runs the handler under the lease this request holds.

@@ -115,7 +115,7 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 	seen := make(map[idemstore.Identity]bool)
 	for {
 		limit := min(m.cfg.BatchSize, m.cfg.ScanLimit-res.Listed)
-		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: m.cfg.PassTimeout})
+		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: m.cfg.PassTimeout, Grace: m.cfg.Grace})
 		if err != nil {
 			return fmt.Errorf("idemmaint: claiming unknown records: %w", err)
 		}
