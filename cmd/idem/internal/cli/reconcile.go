@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/proxy"
 	"github.com/idem-dev/idem/idemmaint"
 )
 
@@ -19,6 +20,8 @@ type reconcileOptions struct {
 	header   headerLines
 	timeout  time.Duration
 	interval time.Duration
+	// grace is --reconcile-grace; nil leaves the command's default.
+	grace *time.Duration
 	// tmpl is the parsed --reconcile-url, set by check; nil without it.
 	tmpl *idemmaint.URLTemplate
 }
@@ -34,6 +37,9 @@ func (o *reconcileOptions) register(fs *flagSet) {
 		"(the variable takes one a line); values are never printed")
 	fs.Var(durationValue{p: &o.timeout}, "reconcile-timeout", "`DURATION` a lookup may take")
 	fs.Var(durationValue{p: &o.interval}, "reconcile-interval", "`DURATION` between two reconciliation passes")
+	fs.Var(optionalDuration{&o.grace}, "reconcile-grace", "`DURATION` after a record's lease ended before the reconciler asks about it: "+
+		"the longest time the upstream may still act on a request it was sent; 0 for none "+
+		"(default 1m, idem proxy's upstream timeout; for idem proxy its --lease when longer)")
 }
 
 // check validates the flags after parsing; maintained reports that a
@@ -62,13 +68,19 @@ func (o *reconcileOptions) check(maintained bool) error {
 }
 
 // apply sets the maintainer's reconciler from the options: answers up to
-// maxBody bytes are stored for replay. Without --reconcile-url it changes
-// nothing.
-func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
+// maxBody bytes are stored for replay, and records are asked about once
+// their lease ended plus --reconcile-grace, or defaultGrace without it.
+// Without --reconcile-url it changes nothing.
+func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64, defaultGrace time.Duration) {
 	if o.tmpl == nil {
 		return
 	}
 	cfg.ReconcileInterval = o.interval
+	grace := o.graceOr(defaultGrace)
+	cfg.Grace = grace
+	if grace == 0 {
+		cfg.Grace = -1 // none
+	}
 	cfg.Reconcile = idemmaint.HTTPReconciler(o.tmpl, &idemmaint.HTTPConfig{
 		Header:  o.header.h,
 		Timeout: o.timeout,
@@ -95,7 +107,43 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		"headers", strings.Join(names, ","),
 		"timeout", o.timeout,
 		"interval", o.interval,
+		"grace", grace,
 	)
+}
+
+// graceOr returns --reconcile-grace, or def when it was not given.
+func (o *reconcileOptions) graceOr(def time.Duration) time.Duration {
+	if o.grace == nil {
+		return def
+	}
+	return *o.grace
+}
+
+// defaultGrace is --reconcile-grace's default: the longest the upstream of
+// an idem proxy with this lease may still act on a request the proxy sent
+// (the proxy's upstream timeout), and never less than the lease.
+func defaultGrace(lease time.Duration) time.Duration {
+	return max(proxy.DefaultTimeout, lease)
+}
+
+// optionalDuration is a duration flag, zero allowed, whose default is
+// decided after parsing: it stays nil when not given.
+type optionalDuration struct{ p **time.Duration }
+
+func (v optionalDuration) String() string {
+	if v.p == nil || *v.p == nil {
+		return ""
+	}
+	return (*v.p).String()
+}
+
+func (v optionalDuration) Set(s string) error {
+	var d time.Duration
+	if err := (durationValue{p: &d, zeroOK: true}).Set(s); err != nil {
+		return err
+	}
+	*v.p = &d
+	return nil
 }
 
 // kind names the reconciler in the start-up log: "url" or "none".

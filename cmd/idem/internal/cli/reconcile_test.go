@@ -27,11 +27,14 @@ func TestParseReconcileFlags(t *testing.T) {
 		wantHeader   http.Header
 		wantTimeout  time.Duration
 		wantInterval time.Duration
+		wantGrace    *time.Duration // nil: not given
 	}{
 		{name: "flags", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "authorization:Bearer s3cret",
-			"--reconcile-timeout", "2s", "--reconcile-interval", "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"--reconcile-timeout", "2s", "--reconcile-interval", "20s", "--reconcile-grace", "90s"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantGrace: ptr(90 * time.Second)},
 		{name: "variables", env: map[string]string{"IDEM_RECONCILE_URL": tmpl, "IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret",
-			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s"}, wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second},
+			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s", "IDEM_RECONCILE_GRACE": "0"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantGrace: ptr(time.Duration(0))},
 		{name: "repeated header", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "X-A: 1", "--reconcile-header", "x-a:  2 ",
 			"--reconcile-header", "X-B: b c"}, wantHeader: http.Header{"X-A": {"1", "2"}, "X-B": {"b c"}}, wantTimeout: 5 * time.Second, wantInterval: 30 * time.Second},
 		{name: "headers one a line in the variable", env: map[string]string{"IDEM_RECONCILE_URL": tmpl,
@@ -47,9 +50,9 @@ func TestParseReconcileFlags(t *testing.T) {
 			check := func(cmd string, o *reconcileOptions) {
 				t.Helper()
 				if o.url != tmpl || o.tmpl == nil || !reflect.DeepEqual(o.header.h, tt.wantHeader) ||
-					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval {
-					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v",
-						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval)
+					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval || !reflect.DeepEqual(o.grace, tt.wantGrace) {
+					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v, grace %v",
+						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval, tt.wantGrace)
 				}
 			}
 			m, err := parseMaintain(tt.args, newTestEnv(tt.env).env)
@@ -100,6 +103,7 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 		{name: "header without url", args: []string{"--reconcile-header", "Authorization: SECRET"}, wantErr: "--reconcile-header needs --reconcile-url"},
 		{name: "timeout zero", args: []string{"--reconcile-url", tmpl, "--reconcile-timeout", "0"}, wantErr: "want a positive duration"},
 		{name: "interval not a duration", args: []string{"--reconcile-url", tmpl, "--reconcile-interval", "30"}, wantErr: "want a Go duration"},
+		{name: "grace negative", args: []string{"--reconcile-url", tmpl, "--reconcile-grace", "-1s"}, wantErr: "want a positive duration"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,6 +123,49 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 			_, err = parseProxy(append([]string{"--upstream", "http://u", "--maintain"}, tt.args...), newTestEnv(tt.env).env)
 			check("proxy", err)
 		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// --reconcile-grace's default covers the longest time the upstream may
+// still act on a request the proxy sent: the proxy's upstream timeout, and
+// never less than the lease. 0 means none.
+func TestReconcileGraceDefaults(t *testing.T) {
+	t.Parallel()
+	const tmpl = "http://h/{key}"
+	for _, tt := range []struct {
+		cmd  string
+		args []string
+		want time.Duration // the maintainer's Grace
+	}{
+		{"proxy", nil, time.Minute},
+		{"proxy", []string{"--lease", "10s"}, time.Minute},
+		{"proxy", []string{"--lease", "2m"}, 2 * time.Minute},
+		{"proxy", []string{"--lease", "2m", "--reconcile-grace", "5s"}, 5 * time.Second},
+		{"proxy", []string{"--reconcile-grace", "0"}, -1},
+		{"maintain", nil, time.Minute},
+		{"maintain", []string{"--reconcile-grace", "3m"}, 3 * time.Minute},
+	} {
+		e := newTestEnv(nil)
+		cfg := maintainerConfig(e.env, 0, 0, 0)
+		switch tt.cmd {
+		case "proxy":
+			o, err := parseProxy(append([]string{"--upstream", "http://u", "--maintain", "--reconcile-url", tmpl}, tt.args...), e.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.reconcile.apply(e.env, cfg, 1, defaultGrace(o.lease))
+		case "maintain":
+			o, err := parseMaintain(append([]string{"--reconcile-url", tmpl}, tt.args...), e.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.reconcile.apply(e.env, cfg, 1, defaultGrace(0))
+		}
+		if cfg.Grace != tt.want {
+			t.Errorf("%s %v: Grace %v, want %v", tt.cmd, tt.args, cfg.Grace, tt.want)
+		}
 	}
 }
 
@@ -188,7 +235,8 @@ func TestMaintainOnceReconciles(t *testing.T) {
 	}
 	e := newTestEnv(map[string]string{"IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret"})
 	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:",
-		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}"); err != nil {
+		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}",
+		"--reconcile-grace", "0"); err != nil { // the leases ended at once, nothing was sent
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	out := e.stdout.String()
@@ -239,7 +287,8 @@ func TestProxyMaintainReconciles(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, e, stop := startProxy(t, "--upstream", "http://127.0.0.1:9", "--store", u, "--maintain",
-		"--reconcile-url", lookup.URL+"/by-key/{key}", "--reconcile-header", "X-Api-Key: s3cret")
+		"--reconcile-url", lookup.URL+"/by-key/{key}", "--reconcile-header", "X-Api-Key: s3cret",
+		"--reconcile-grace", "0") // the lease ended at once, nothing was sent
 	if !e.stderr.waitFor(`msg="idemmaint: unknown outcome reconciled" key_hash=`+id.LogHash(), 20*time.Second) {
 		t.Fatalf("the proxy's maintainer did not reconcile the record:\n%s", e.stderr)
 	}
