@@ -202,7 +202,7 @@ func testPausedProxy(t *testing.T, storeURL string) {
 	a := start("proxy-a", stalled.URL())
 	b := start("proxy-b", directURL, "--maintain",
 		"--reconcile-url", directURL+"/lookup/{key}",
-		"--reconcile-interval", "100ms")
+		"--reconcile-interval", "100ms", "--reconcile-grace", grace.String())
 
 	// A reserves the key, then waits for its connection to the upstream.
 	answerA := make(chan answer, 1)
