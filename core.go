@@ -70,15 +70,15 @@ func newCore(store idemstore.Store, c *Config) *core {
 
 // attempt is one request's claim on a record.
 type attempt struct {
-	c        *core
-	id       idemstore.Identity
-	fp       string
-	fpCached bool // fp came from the fingerprint cache, or went into it
-	token    string
-	reserved time.Time // when the last reservation was sent, on the core's clock
-	unknown  atomic.Bool
-	rejected atomic.Bool
-	span     Span // nil without a Tracer
+	c           *core
+	id          idemstore.Identity
+	fp          string
+	fpCached    bool // fp came from the fingerprint cache, or went into it
+	token       string
+	reserveSent time.Time // when the last reservation was sent, on the core's clock
+	unknown     atomic.Bool
+	rejected    atomic.Bool
+	span        Span // nil without a Tracer
 
 	// Embedded so that one allocation serves the whole request.
 	body   []byte
@@ -203,7 +203,7 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	a.token = newToken()
 	// The lease counts from here: the store counts it from when it gets
 	// the call, which is no earlier.
-	a.reserved = c.clock.Now()
+	a.reserveSent = c.clock.Now()
 	ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
 	defer a.ops.Disarm()
 	ctx, end := c.span(ctx, "idem.reserve")
@@ -253,7 +253,7 @@ func (c *core) unknownRetryAfter() int {
 func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
 	a.execution = new(execution)
 	hctx, cancel := context.WithCancelCause(ctx)
-	a.renewer.start(a, a.reserved, cancel)
+	a.renewer.start(a, a.reserveSent, cancel)
 	a.recoveryPoint = rec.RecoveryPoint
 	a.hctx = attemptCtx{Context: hctx, a: a}
 	var fctx context.Context = &a.hctx
