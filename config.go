@@ -64,6 +64,16 @@ type GuardConfig struct {
 	// Lease is the in-progress lock length; the lease is renewed every
 	// Lease/3 while the operation runs. Defaults to 30 seconds.
 	Lease time.Duration
+	// LeaseMargin is how long before the end of its lease an attempt whose
+	// lease was not renewed gives it up: its context is cancelled with cause
+	// ErrLeaseLost, and CheckLease fails from then on. The end is counted on
+	// Clock from the moment the last reservation or renewal that succeeded
+	// was sent. The margin must cover the time between an operation's last
+	// CheckLease and the effect it guards, and the difference between this
+	// process's clock and the clocks of the other processes that decide on
+	// the store's leases (their sweepers and reservations). Defaults to
+	// Lease/6; at most Lease/2.
+	LeaseMargin time.Duration
 	// Wait, when positive, makes a call that finds its key in progress
 	// block up to Wait for the result instead of answering at once (409
 	// over HTTP, ErrInProgress from a Guard). Defaults to 0.
@@ -127,10 +137,10 @@ type GuardConfig struct {
 	// slog.Default().
 	Logger *slog.Logger
 	// Clock is the clock of every time decision: the deadlines of store
-	// calls (StoreTimeout), lease renewals (every Lease/3), waits (Wait),
-	// Retry-After and the per-scope key rate. Tests pass an *idemtest.Clock
-	// and move time with its Advance instead of sleeping. Defaults to the
-	// wall clock.
+	// calls (StoreTimeout), lease renewals (every Lease/3), the lease's end
+	// (LeaseMargin), waits (Wait), Retry-After and the per-scope key rate.
+	// Tests pass an *idemtest.Clock and move time with its Advance instead
+	// of sleeping. Defaults to the wall clock.
 	Clock Clock
 }
 
@@ -239,6 +249,10 @@ func (c *GuardConfig) withDefaults() GuardConfig {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
+	if cfg.LeaseMargin <= 0 {
+		cfg.LeaseMargin = cfg.Lease / 6
+	}
+	cfg.LeaseMargin = min(cfg.LeaseMargin, cfg.Lease/2)
 	if cfg.MaxResponse <= 0 {
 		cfg.MaxResponse = 1 << 20
 	}

@@ -57,6 +57,52 @@ func Reject(ctx context.Context) bool {
 	return true
 }
 
+// CheckLease reports whether the protected request in ctx still holds its
+// lease, on the middleware's clock: nil while it does, ErrLeaseLost once
+// its attempt gave up the lease (see Config.LeaseMargin) or the clock says
+// it should have, even when the process was paused and its alarms have not
+// caught up yet. A handler calls it immediately before an effect it cannot
+// take back (idem proxy calls it before every write of the request to the
+// upstream), and starts no effect when it fails. Outside a protected
+// request it returns nil.
+func CheckLease(ctx context.Context) error {
+	a := attemptFrom(ctx)
+	if a == nil || a.execution == nil {
+		return nil
+	}
+	return a.renewer.check()
+}
+
+// AfterLeaseLost arranges for f to run once, in a goroutine of its own,
+// when the attempt of the protected request in ctx gives up its lease while
+// its handler runs (at once if it has already): the moment the handler's
+// context is cancelled with cause ErrLeaseLost. It is for work the handler
+// detached from its context's cancellation and must still end when the
+// lease is gone: idem proxy's upstream call outlives a client that hangs up,
+// but not the lease. It reports false, and f never runs, outside a
+// protected request or once the handler has returned. f may run just after
+// the handler returned, when the lease was given up as it did.
+func AfterLeaseLost(ctx context.Context, f func()) bool {
+	a := attemptFrom(ctx)
+	if a == nil || a.execution == nil {
+		return false
+	}
+	return a.renewer.afterLost(f)
+}
+
+// FencingTokenFromContext returns the fencing token of the protected
+// request's attempt: a new random value for every attempt that reserves the
+// key, and the one that fences its writes to the store. Sent to a
+// downstream (idem proxy sends it in the HeaderAttempt request header), it
+// lets the downstream tell attempts apart and refuse a stale one.
+func FencingTokenFromContext(ctx context.Context) (string, bool) {
+	a := attemptFrom(ctx)
+	if a == nil {
+		return "", false
+	}
+	return a.token, true
+}
+
 // KeyFromContext returns the idempotency key of the protected request.
 func KeyFromContext(ctx context.Context) (string, bool) {
 	a := attemptFrom(ctx)

@@ -90,15 +90,16 @@ func mayFailOpen(err error) bool {
 
 // attempt is one request's claim on a record.
 type attempt struct {
-	c        *core
-	id       idemstore.Identity
-	fp       string
-	fpCached bool   // fp came from the fingerprint cache, or went into it
-	label    string // the endpoint in Metrics, when the adapter sets one
-	token    string
-	unknown  atomic.Bool
-	rejected atomic.Bool
-	span     Span // nil without a Tracer
+	c           *core
+	id          idemstore.Identity
+	fp          string
+	fpCached    bool   // fp came from the fingerprint cache, or went into it
+	label       string // the endpoint in Metrics, when the adapter sets one
+	token       string
+	reserveSent time.Time // when the last reservation was sent, on the core's clock
+	unknown     atomic.Bool
+	rejected    atomic.Bool
+	span        Span // nil without a Tracer
 	// heartbeat is Call.Heartbeat: nil but for a Guard's caller that asked.
 	heartbeat func()
 
@@ -240,6 +241,9 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
+	// The lease counts from here: the store counts it from when it gets
+	// the call, which is no earlier.
+	a.reserveSent = c.clock.Now()
 	ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
 	defer a.ops.Disarm()
 	ctx, end := c.span(ctx, "idem.reserve")
@@ -282,14 +286,17 @@ func (c *core) unknownRetryAfter() int {
 
 // begin starts the execution of an attempt that holds the lease on rec:
 // the heartbeat, and the context the function runs with (ctx, carrying the
-// attempt and, in transactional mode, the business transaction). The
-// caller stops the heartbeat (a.renewer.stop) when the function returns.
+// attempt and, in transactional mode, the business transaction), which is
+// cancelled with cause ErrLeaseLost when the attempt gives up its lease
+// (see renewer). The caller stops the heartbeat (a.renewer.stop) when the
+// function returns, which cancels that context.
 func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
 	a.execution = new(execution)
 	a.reserved = rec
-	a.renewer.start(a)
+	hctx, cancel := context.WithCancelCause(ctx)
+	a.renewer.start(a, a.reserveSent, cancel)
 	a.recoveryPoint = rec.RecoveryPoint
-	a.hctx = attemptCtx{Context: ctx, a: a}
+	a.hctx = attemptCtx{Context: hctx, a: a}
 	var fctx context.Context = &a.hctx
 	if a.c.txStore != nil {
 		fctx = idemstore.ContextWithTx(fctx, a.beginTx(context.WithoutCancel(ctx)))
@@ -450,8 +457,10 @@ func (c *core) storeCall(op string, start time.Time, err error) {
 
 // newToken returns a fresh fencing token: 128 bits from the runtime's
 // ChaCha8 generator, seeded from the operating system. A token must be
-// unique, not secret: it never leaves the server, and a store compares it
-// only with the tokens it handed out.
+// unique, not secret: only this server writes to the store with it, and a
+// store compares it only with the tokens it handed out. It may leave the
+// server (idem proxy sends it upstream in HeaderAttempt), since knowing it
+// lets nobody else write a record.
 func newToken() string {
 	var b [16]byte
 	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())

@@ -37,6 +37,14 @@ const (
 // may be shown to clients.
 var ErrKeyInvalid = errors.New("invalid Idempotency-Key")
 
+// ErrLeaseLost is the cause (context.Cause) with which the context of a
+// protected handler or Guard function is cancelled when its attempt gives
+// up its lease, and the error CheckLease returns from then on: the lease
+// could not be renewed until Config.LeaseMargin before its end, or another
+// attempt holds the key. The attempt must start no effect after it: once
+// its lease is gone, a retry may already be running the operation.
+var ErrLeaseLost = errors.New("idem: the attempt's lease is lost")
+
 // ErrNotTransactional is returned by RunPhases outside a request protected
 // by a middleware in transactional mode.
 var ErrNotTransactional = errors.New("idem: phases need a request in transactional mode")

@@ -78,8 +78,11 @@ type Result struct {
 //
 // When this call wins the reservation, fn runs under the lease with a
 // context that carries the attempt: MarkUnknown, Reject, KeyFromContext,
-// DerivedKeyFromContext, RecoveryPoint and RunPhases work in it, and in transactional
-// mode so does the driver's TxFromContext. What becomes of the record then
+// DerivedKeyFromContext, CheckLease, FencingTokenFromContext, RecoveryPoint
+// and RunPhases work in it, and in transactional mode so does the driver's
+// TxFromContext. That context is cancelled with cause ErrLeaseLost when the
+// attempt gives its lease up (Config.LeaseMargin), and when fn returns.
+// What becomes of the record then
 // is the middleware's after-the-handler policy, with fn's error in the place
 // of a 5xx answer:
 //

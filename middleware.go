@@ -17,6 +17,13 @@ import (
 // HeaderKey is the request header that carries the idempotency key.
 const HeaderKey = "Idempotency-Key"
 
+// HeaderAttempt is the request header in which idem proxy sends the
+// upstream the fencing token of the attempt (FencingTokenFromContext), and
+// the reconciler's lookup the token of the attempt it asks about. An
+// upstream that keeps it can refuse an attempt it has already answered
+// for, such as one it told a lookup it never saw.
+const HeaderAttempt = "Idempotency-Attempt"
+
 // HeaderReplayed is set to "true" on every answer served from a stored response.
 const HeaderReplayed = "Idempotent-Replayed"
 

@@ -495,9 +495,9 @@ func TestInProgress(t *testing.T) {
 		const wait = 5 * time.Second
 		b := setup(t, &idem.Config{GuardConfig: idem.GuardConfig{Wait: wait}}, h)
 		go b.do(t, "POST", "key-one", "{}")
-		<-started // its lease renewal is the clock's first timer
+		<-started // its lease renewal and its lease's end are the clock's first timers
 		waiter := b.goDo(t, "POST", "key-one", "{}")
-		b.clock.WaitForTimers(2) // the waiter's bound
+		b.clock.WaitForTimers(3) // the waiter's bound
 		b.clock.Advance(wait - time.Nanosecond)
 		select {
 		case w := <-waiter:
@@ -894,7 +894,9 @@ type faultStore struct {
 	reserves, gets             atomic.Int64
 	failReserve, hangReserve   atomic.Bool
 	failComplete, hangComplete atomic.Bool
-	loseRenew                  atomic.Bool // renewals answer ErrLeaseLost
+	// failRenew makes KeyRenew fail as an unreachable store does,
+	// loseRenew as when another attempt holds the key.
+	failRenew, loseRenew atomic.Bool
 	// hung receives when a call hangs on its context (its deadline is
 	// set), renewed and completed when a KeyRenew or KeyComplete returned.
 	hung, renewed, completed chan struct{}
@@ -922,11 +924,15 @@ func (s *faultStore) hang(ctx context.Context) error {
 }
 
 func (s *faultStore) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
-	if s.loseRenew.Load() {
-		tell(s.renewed)
-		return idemstore.ErrLeaseLost
+	var err error
+	switch {
+	case s.failRenew.Load():
+		err = errOutage
+	case s.loseRenew.Load():
+		err = idemstore.ErrLeaseLost
+	default:
+		err = s.Store.KeyRenew(ctx, p)
 	}
-	err := s.Store.KeyRenew(ctx, p)
 	tell(s.renewed)
 	return err
 }

@@ -20,6 +20,7 @@ const (
 	DefaultBackoffBase       = 30 * time.Second
 	DefaultBackoffMax        = time.Hour
 	DefaultReconcileTimeout  = 5 * time.Second
+	DefaultGrace             = time.Minute
 )
 
 // Config configures a Maintainer. A nil *Config means all defaults.
@@ -63,6 +64,19 @@ type Config struct {
 	// context that ends after ReconcileTimeout. Defaults to nil: unknown
 	// records are only counted (Stats.UnknownBacklog), never resolved.
 	Reconcile func(ctx context.Context, rec *idemstore.Record) (Resolution, error)
+	// Grace is how long after an unknown record's lease ended
+	// (Record.LockedUntil) the reconciler waits before it asks about the
+	// record: records inside the grace are not claimed. It must cover the
+	// longest time the downstream may still act on a request it was sent
+	// (a request still on its way, a handler still running after its
+	// attempt gave the lease up): asked earlier, the downstream may answer
+	// that the operation never happened when it is about to, and the retry
+	// that follows the release runs it a second time. Set it to at least
+	// the bound on the handler's downstream call (idem proxy's upstream
+	// timeout), and never less than the lease. A negative value disables
+	// it. Defaults to 1 minute (DefaultGrace): idem proxy's upstream
+	// timeout, and twice the middleware's default lease.
+	Grace time.Duration
 	// ReconcileBackoff spaces the attempts at an unresolved record; the
 	// next attempt's time is kept in the store (Record.ReconcileAfter).
 	// Defaults to a Base of 30 seconds and a Max of 1 hour.
@@ -142,6 +156,12 @@ func (cfg *Config) withDefaults() Config {
 		c.BatchPause = DefaultBatchPause
 	case c.BatchPause < 0:
 		c.BatchPause = 0
+	}
+	switch {
+	case c.Grace == 0:
+		c.Grace = DefaultGrace
+	case c.Grace < 0:
+		c.Grace = 0
 	}
 	if c.ReconcileBackoff.Base <= 0 {
 		c.ReconcileBackoff.Base = DefaultBackoffBase

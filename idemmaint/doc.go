@@ -12,8 +12,12 @@
 //     application supplies (Config.Reconcile), which asks the downstream by
 //     the derived key whether the effect happened, and settles the record to
 //     completed or released with a write fenced on the record's token.
-//     Records it cannot resolve yet are retried with exponential backoff and
-//     jitter, logged at warn with their attempt count and counted in Stats.
+//     It never asks about a record before its lease ended plus
+//     Config.Grace, the longest time the downstream may still act on a
+//     request it was sent: asked earlier, the downstream could answer
+//     "never happened" for an operation about to happen. Records it
+//     cannot resolve yet are retried with exponential backoff and jitter,
+//     logged at warn with their attempt count and counted in Stats.
 //     HTTPReconciler is such a function for any HTTP API with a lookup by
 //     key: it GETs a URLTemplate filled in with the record's key (2xx
 //     completed with that answer, 404/410 released, anything else unknown),

@@ -52,7 +52,10 @@ func Example_reconciler() {
 			panic(err)
 		}
 	}
-	clock.Advance(time.Minute)
+	// The reconciler asks once the leases have ended and its grace has
+	// passed (idemmaint.DefaultGrace, a minute): by then the provider has
+	// finished with any call it was sent.
+	clock.Advance(30*time.Second + idemmaint.DefaultGrace)
 
 	// reconcile asks the provider about one unknown payment.
 	reconcile := func(ctx context.Context, rec *idemstore.Record) (idemmaint.Resolution, error) {

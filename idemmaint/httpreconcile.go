@@ -26,6 +26,10 @@ var defaultStoredHeaders = []string{
 	"Location", "ETag", "Last-Modified",
 }
 
+// headerAttempt is idem.HeaderAttempt (a test keeps them equal): the
+// lookup sends the token of the attempt it asks about in it.
+const headerAttempt = "Idempotency-Attempt"
+
 // HTTPConfig configures HTTPReconciler. A nil *HTTPConfig means all
 // defaults.
 type HTTPConfig struct {
@@ -76,6 +80,14 @@ type HTTPConfig struct {
 // The endpoint must answer 404 or 410 only when it knows that the operation
 // never happened: most servers answer 404 to a path they do not route too,
 // and a template with a typo would then release every unknown record.
+//
+// The lookup carries the record's fencing token, the attempt it asks about,
+// in the Idempotency-Attempt header (idem proxy sends the upstream the same
+// token with the request). An endpoint that keeps the tokens of the
+// attempts it ran can answer for that attempt, and one that answers 404 or
+// 410 can refuse that attempt should it still arrive: the retry the
+// release allows is a new attempt, with a new token. An answer may carry
+// the header back; it is never stored for replay.
 func HTTPReconciler(t *URLTemplate, cfg *HTTPConfig) func(context.Context, *idemstore.Record) (Resolution, error) {
 	c := cfg.withDefaults()
 	stored := make(map[string]bool, len(c.StoredHeaders))
@@ -108,6 +120,7 @@ func HTTPReconciler(t *URLTemplate, cfg *HTTPConfig) func(context.Context, *idem
 		if req.Header.Get("User-Agent") == "" {
 			req.Header.Set("User-Agent", "idem-reconciler")
 		}
+		req.Header.Set(headerAttempt, rec.Token)
 		resp, err := c.Client.Do(req)
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {

@@ -167,7 +167,7 @@ func TestHTTPReconcilerDotKeysStayUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	m := New(store, &Config{Logger: logs.logger(), Reconcile: HTTPReconciler(tmpl, &HTTPConfig{Client: &http.Client{}})})
+	m := New(store, &Config{Logger: logs.logger(), Grace: -1, Reconcile: HTTPReconciler(tmpl, &HTTPConfig{Client: &http.Client{}})})
 	res, err := m.Reconcile(ctx)
 	if err != nil || res.Attempted != len(keys) || res.Errors != len(keys) || res.Completed+res.Released != 0 {
 		t.Fatalf("Reconcile = %+v, %v; want every attempt failed", res, err)
@@ -239,7 +239,7 @@ func TestHTTPReconcilerKeepsTheScope(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		res, err := New(store, &Config{Logger: (&logBuffer{}).logger(), Reconcile: HTTPReconciler(tmpl, nil)}).Reconcile(ctx)
+		res, err := New(store, &Config{Logger: (&logBuffer{}).logger(), Grace: -1, Reconcile: HTTPReconciler(tmpl, nil)}).Reconcile(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

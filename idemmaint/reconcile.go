@@ -169,7 +169,7 @@ func (m *Maintainer) claimAndReconcile(ctx context.Context, every time.Duration,
 		if deadline, ok := ctx.Deadline(); ok {
 			hold = time.Until(deadline) // the claim ends with the pass
 		}
-		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: hold})
+		batch, err := m.store.KeyReconcileClaim(ctx, &idemstore.ReconcileClaimParams{Limit: limit, Hold: hold, Grace: m.cfg.Grace})
 		if err != nil {
 			return false, fmt.Errorf("idemmaint: claiming unknown records: %w", err)
 		}

@@ -117,6 +117,47 @@ func TestReconcileReleased(t *testing.T) {
 	})
 }
 
+// TestReconcileWaitsGrace: the reconciler never asks about a record before
+// its lease ended plus Config.Grace, neither one its handler marked
+// unknown under a live lease nor one the sweep turned unknown; it asks at
+// the grace's end.
+func TestReconcileWaitsGrace(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		const grace = 2 * time.Minute
+		marked := b.unknown(t, id(1))
+		b.clock.Advance(10 * time.Second)
+		b.reserve(t, idemstore.ReserveParams{Identity: id(2)}) // expires in progress
+		f := &fixed{r: Resolution{State: idemstore.StateReleased}}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile, Grace: grace})
+		pass := func(when string, want int) {
+			t.Helper()
+			if _, err := m.Reconcile(b.ctx); err != nil {
+				t.Fatalf("%s: Reconcile: %v", when, err)
+			}
+			if n := f.calls(); n != want {
+				t.Fatalf("%s: the reconciler was asked %d times, want %d", when, n, want)
+			}
+		}
+		pass("at once", 0)
+		b.clock.Advance(testLease) // id(2)'s lease is over: the pass sweeps it unknown
+		pass("after id(2)'s lease", 0)
+		b.requireState(t, id(2), idemstore.StateUnknown)
+		swept := b.get(t, id(2))
+		b.clock.Set(marked.LockedUntil.Add(grace - time.Millisecond))
+		pass("a millisecond before id(1)'s grace ended", 0)
+		b.clock.Set(marked.LockedUntil.Add(grace))
+		pass("when id(1)'s grace ended", 1)
+		b.clock.Set(swept.LockedUntil.Add(grace - time.Millisecond))
+		pass("a millisecond before id(2)'s grace ended", 1)
+		b.clock.Set(swept.LockedUntil.Add(grace))
+		pass("when id(2)'s grace ended", 2)
+		if f.asked[0].Identity != id(1) || f.asked[1].Identity != id(2) {
+			t.Fatalf("asked about %v then %v, want id(1) then id(2)", f.asked[0].Identity, f.asked[1].Identity)
+		}
+	})
+}
+
 // TestReconcileCompletedNotReplayable: a completed resolution without a
 // response stores a record a retry cannot replay, rather than inventing one.
 func TestReconcileCompletedNotReplayable(t *testing.T) {

@@ -454,8 +454,10 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 	defer s.mu.Unlock()
 	now := s.now()
 	var due []*idemstore.Record
+	graceOver := now.Add(-p.Grace) // a record whose lease ended by then is past its grace
 	for _, r := range s.records {
-		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) {
+		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) &&
+			(p.Grace <= 0 || !r.LockedUntil.After(graceOver)) {
 			due = append(due, r)
 		}
 	}

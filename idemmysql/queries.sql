@@ -244,11 +244,13 @@ DELETE k FROM idem_keys AS k WHERE {{id}};
 -- name: reconcile_lock
 -- Locks at most :limit unknown records due at :now for KeyReconcileClaim,
 -- earliest first (NULL, never claimed, sorts first), skipping rows another
--- claimer holds (idem_keys_reconcile_idx).
+-- claimer holds (idem_keys_reconcile_idx). A record whose lease ended after
+-- :grace_end (now less the grace) is not due yet.
 SELECT k.scope, k.endpoint, k.idem_key
 FROM idem_keys AS k
 WHERE k.state = 'unknown'
   AND (k.reconcile_after IS NULL OR k.reconcile_after <= :now)
+  AND k.locked_until <= :grace_end
 ORDER BY k.reconcile_after, k.updated_at
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;

@@ -595,7 +595,11 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 	var recs []*idemstore.Record
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.now()
-		ids, err := lockIDs(ctx, tx, qReconcileLock, args{"now": now, "limit": limit})
+		graceEnd := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC) // no grace: any lease's end
+		if p.Grace > 0 {
+			graceEnd = now.Add(-p.Grace)
+		}
+		ids, err := lockIDs(ctx, tx, qReconcileLock, args{"now": now, "limit": limit, "grace_end": at(graceEnd)})
 		if err != nil || len(ids) == 0 {
 			recs = nil
 			return err

@@ -221,7 +221,7 @@ func config(clock *idemtest.Clock, log *bytes.Buffer) *idemnats.Config {
 		w = &syncWriter{w: log}
 	}
 	return &idemnats.Config{
-		Guard: idem.GuardConfig{Clock: clock, StoreTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))},
+		Guard:      idem.GuardConfig{Clock: clock, StoreTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))},
 		HoldDelay:  50 * time.Millisecond,
 		RetryDelay: 50 * time.Millisecond,
 		ErrorDelay: 50 * time.Millisecond,

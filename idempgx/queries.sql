@@ -416,11 +416,14 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 -- Claims at most $3 unknown records due at $1, holding them until $2, as the
 -- outbox relay claims rows: rows another claimer holds are skipped, and a
 -- row it claimed and committed meanwhile is re-checked and no longer due.
+-- $4, when not null, is the end of the grace: only records whose lease
+-- ended by then are claimed.
 WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
     WHERE state = 'unknown'
       AND (reconcile_after IS NULL OR reconcile_after <= $1::timestamptz)
+      AND ($4::timestamptz IS NULL OR locked_until <= $4::timestamptz)
     ORDER BY reconcile_after NULLS FIRST, updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED

@@ -442,7 +442,12 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 		limit = defaultListLimit
 	}
 	now := s.now()
-	recs, err := s.queryRecords(ctx, s.q.reconcileClaim, now, now.Add(p.Hold), limit)
+	var graceOver *time.Time // nil: no grace
+	if p.Grace > 0 {
+		t := now.Add(-p.Grace)
+		graceOver = &t
+	}
+	recs, err := s.queryRecords(ctx, s.q.reconcileClaim, now, now.Add(p.Hold), limit, graceOver)
 	if err != nil {
 		return nil, fmt.Errorf("claiming unknown keys: %w", err)
 	}

@@ -155,8 +155,9 @@ func (a waitArgs) call(k *boxedKeys) []any {
 // claimArgs are reconcile_claim.lua's arguments.
 type claimArgs struct {
 	now, holdUntil string // decimal Unix microseconds
+	grace          string // decimal microseconds
 }
 
 func (a claimArgs) keysArgs(k recordKeys) ([]string, []any) {
-	return k.all(), []any{a.now, a.holdUntil, k.member}
+	return k.all(), []any{a.now, a.holdUntil, k.member, a.grace}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,7 +45,7 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 		limit = defaultListLimit
 	}
 	now := s.now()
-	a := claimArgs{now: micros(now), holdUntil: micros(now.Add(p.Hold))}
+	a := claimArgs{now: micros(now), holdUntil: micros(now.Add(p.Hold)), grace: strconv.FormatInt(max(p.Grace.Microseconds(), 0), 10)}
 	var out []*idemstore.Record
 	err := s.drainIndex(ctx, ":reconcile", a.now, limit, func(cands []recordKeys) (int, error) {
 		cmds := s.evalEach(ctx, claimScript, cands, a.keysArgs)

@@ -160,11 +160,13 @@ const (
 	purgeKey = `DELETE FROM idem_keys WHERE ` + identityWhere
 
 	// claimKeys claims at most ?3 due unknown records at ?1 now, holding
-	// them until ?2.
+	// them until ?2; with a positive ?4 grace (microseconds) only those
+	// whose lease ended at least that long ago.
 	claimKeys = `UPDATE idem_keys SET reconcile_after = ?2
 	WHERE rowid IN (
 		SELECT rowid FROM idem_keys
 		WHERE state = 'unknown' AND reconcile_after <= ?1
+			AND (?4 <= 0 OR locked_until <= ?1 - ?4)
 		ORDER BY reconcile_after, updated_at
 		LIMIT ?3
 	)

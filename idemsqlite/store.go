@@ -667,7 +667,7 @@ func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemst
 // KeyReconcileClaim implements idemstore.Store.
 func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileClaimParams) ([]*idemstore.Record, error) {
 	now := s.now()
-	rows, err := s.db.QueryContext(ctx, claimKeys, micros(now), micros(now.Add(p.Hold)), cmp.Or(p.Limit, defaultListLimit))
+	rows, err := s.db.QueryContext(ctx, claimKeys, micros(now), micros(now.Add(p.Hold)), cmp.Or(p.Limit, defaultListLimit), p.Grace.Microseconds())
 	if err != nil {
 		return nil, interpretError("claiming unknown keys", err)
 	}

@@ -261,6 +261,12 @@ type ReconcileClaimParams struct {
 	// claimers: ReconcileAfter = now + Hold. It should outlast one
 	// reconciliation pass.
 	Hold time.Duration
+	// Grace, when positive, withholds the records whose lease ended less
+	// than Grace ago: a record is claimed only once now is at or after
+	// LockedUntil + Grace, so that nobody asks the downstream about an
+	// operation it may still be acting on (or about to receive). Zero
+	// withholds none, whatever their LockedUntil.
+	Grace time.Duration
 }
 
 // ReconcileFailParams are the inputs of Store.KeyReconcileFail.
@@ -368,7 +374,8 @@ type Store interface {
 	// and ErrLeaseLost when p.Token is set and differs.
 	KeyPurge(ctx context.Context, p *PurgeParams) (*Record, error)
 	// KeyReconcileClaim claims up to p.Limit records stored as unknown whose
-	// ReconcileAfter is at or before now, earliest ReconcileAfter first: it
+	// ReconcileAfter is at or before now (and, with a positive p.Grace,
+	// whose LockedUntil + p.Grace is too), earliest ReconcileAfter first: it
 	// sets their ReconcileAfter to now + p.Hold and returns them. While the
 	// hold lasts no other claim returns them, so concurrent reconcilers
 	// never ask about the same record at once. (An in_progress record whose

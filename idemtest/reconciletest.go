@@ -311,6 +311,65 @@ func testReconcileState(t *testing.T, setup setupFunc) {
 		}
 	})
 
+	t.Run("ClaimAfterGrace", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const grace = time.Minute
+		claimGrace := func() []idemstore.Identity {
+			t.Helper()
+			recs, err := b.store.KeyReconcileClaim(b.ctx, &idemstore.ReconcileClaimParams{Limit: 10, Hold: time.Minute, Grace: grace})
+			if err != nil {
+				t.Fatalf("KeyReconcileClaim: %v", err)
+			}
+			return identities(recs)
+		}
+		// One marked unknown by its handler with its lease still running,
+		// one turned unknown by an expired lease that the sweeper found
+		// late: each is withheld until its own LockedUntil plus the grace
+		// (a millisecond short of it is not enough).
+		marked := b.id
+		marked.Key = "marked"
+		p := b.params(marked)
+		b.reserveNew(t, p)
+		b.markUnknown(t, marked, p.Token)
+		markedUntil := b.get(t, marked).LockedUntil
+		b.clock.Advance(20 * time.Second)
+		swept := b.id
+		swept.Key = "swept"
+		b.reserveNew(t, b.params(swept))
+		b.clock.Advance(testLease + time.Second)
+		if recs, err := b.store.KeySweep(b.ctx, &idemstore.SweepParams{}); err != nil || len(recs) != 1 {
+			t.Fatalf("KeySweep = %v, %v; want the swept record", identities(recs), err)
+		}
+		sweptUntil := b.get(t, swept).LockedUntil
+		requireState(t, b.get(t, swept), idemstore.StateUnknown)
+		for _, step := range []struct {
+			at   time.Time
+			want []idemstore.Identity
+		}{
+			{markedUntil.Add(grace - time.Millisecond), nil},
+			{markedUntil.Add(grace), []idemstore.Identity{marked}},
+			{sweptUntil.Add(grace - time.Millisecond), nil}, // the marked one is held
+			{sweptUntil.Add(grace), []idemstore.Identity{swept}},
+		} {
+			b.clock.Set(step.at)
+			if got := claimGrace(); !slices.Equal(got, step.want) {
+				t.Fatalf("claim at %v (marked until %v, swept until %v, grace %v) = %v, want %v",
+					step.at, markedUntil, sweptUntil, grace, got, step.want)
+			}
+		}
+		// Without a grace, a record marked unknown is claimed at once,
+		// its lease running or not.
+		other := b.id
+		other.Key = "no-grace"
+		po := b.params(other)
+		b.reserveNew(t, po)
+		b.markUnknown(t, other, po.Token)
+		if got := identities(claim(t, b, 10, time.Minute)); len(got) != 1 || got[0] != other {
+			t.Fatalf("claim without a grace = %v, want the new unknown record", got)
+		}
+	})
+
 	t.Run("Fail", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -31,8 +31,9 @@
 //     restarts its retention (ExpiresAt = now + TTL); only KeyPurge with
 //     Force removes it.
 //   - KeyReconcileClaim hands each due unknown record to one claimer while
-//     its hold lasts (concurrent claimers never share one), and a
-//     new attempt resets the reconciliation state.
+//     its hold lasts (concurrent claimers never share one), never before
+//     its LockedUntil plus the claim's Grace, and a new attempt resets the
+//     reconciliation state.
 //   - Taking over a record keeps CreatedAt, ExpiresAt and RecoveryPoint and
 //     starts a new attempt: new token, StartedAt and UpdatedAt now,
 //     LockedUntil now+lease, Attempts+1, no response.

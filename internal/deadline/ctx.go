@@ -100,23 +100,39 @@ func (c *Ctx) Alarmed(gen uint64) {
 		return
 	}
 	c.watched = false // the alarm has fired
-	funcs := c.expireLocked()
+	funcs := c.expireLocked(context.DeadlineExceeded)
 	c.mu.Unlock()
 	for _, af := range funcs {
 		go af.f()
 	}
 }
 
-// expireLocked records the expiry and returns the AfterFunc callbacks to
-// run. c.mu is held.
-func (c *Ctx) expireLocked() []*afterFunc {
-	c.err = context.DeadlineExceeded
+// expireLocked ends the context with err and returns the AfterFunc
+// callbacks to run. c.mu is held.
+func (c *Ctx) expireLocked(err error) []*afterFunc {
+	c.err = err
 	if c.done != nil {
 		close(c.done)
 	}
 	funcs := c.funcs
 	c.funcs = nil
 	return funcs
+}
+
+// Cancel ends the current arm at once with context.Canceled, as its expiry
+// would end it with context.DeadlineExceeded. It does nothing when the
+// context is not armed or has ended already.
+func (c *Ctx) Cancel() {
+	c.mu.Lock()
+	if !c.armed || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	funcs := c.expireLocked(context.Canceled)
+	c.mu.Unlock()
+	for _, af := range funcs {
+		go af.f()
+	}
 }
 
 // Deadline implements context.Context.
@@ -146,7 +162,7 @@ func (c *Ctx) Err() error {
 	if c.err == nil && c.armed && c.deadline.IsZero() {
 		c.start() // the first look: the deadline is ahead
 	} else if c.err == nil && c.armed && !c.alarms.clock.Now().Before(c.deadline) {
-		funcs := c.expireLocked()
+		funcs := c.expireLocked(context.DeadlineExceeded)
 		c.mu.Unlock()
 		for _, af := range funcs {
 			go af.f()

@@ -127,6 +127,42 @@ func TestCtx(t *testing.T) {
 	requireEmpty(t, alarms)
 }
 
+// TestCtxCancel: Cancel ends an armed context at once with
+// context.Canceled (its Done closes, derived contexts follow), leaves its
+// later expiry without effect, and does nothing to a disarmed one.
+func TestCtxCancel(t *testing.T) {
+	t.Parallel()
+	clock := newClock()
+	alarms := NewAlarms(clock)
+	var c Ctx
+	ctx := c.Arm(alarms, context.Background(), time.Minute)
+	done := ctx.Done()
+	child, stop := context.WithCancel(ctx)
+	defer stop()
+	c.Cancel()
+	if !isClosed(done) || ctx.Err() != context.Canceled {
+		t.Fatalf("after Cancel: closed %v, err %v", isClosed(done), ctx.Err())
+	}
+	within(t, child.Done(), "a derived context was not cancelled")
+	clock.Advance(time.Hour)
+	if ctx.Err() != context.Canceled {
+		t.Fatalf("the expiry after Cancel changed the error to %v", ctx.Err())
+	}
+	c.Cancel() // twice: nothing
+	c.Disarm()
+	requireEmpty(t, alarms)
+
+	ctx = c.Arm(alarms, context.Background(), time.Minute)
+	if ctx.Err() != nil {
+		t.Fatalf("re-armed after Cancel: %v", ctx.Err())
+	}
+	c.Disarm()
+	c.Cancel() // disarmed: nothing
+	if ctx.Err() != nil {
+		t.Fatalf("Cancel of a disarmed context: %v", ctx.Err())
+	}
+}
+
 // TestCtxWallClock runs one deadline on the wall clock, the production
 // path: the store call's context expires and a derived context follows.
 func TestCtxWallClock(t *testing.T) {

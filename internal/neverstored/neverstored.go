@@ -14,6 +14,10 @@ const Sealed = "Idem-Sealed"
 // Replayed is the header a replay is marked with (idem.HeaderReplayed).
 const Replayed = "Idempotent-Replayed"
 
+// Attempt is the header that carries an attempt's fencing token to the
+// upstream and back in a reconcile lookup (idem.HeaderAttempt).
+const Attempt = "Idempotency-Attempt"
+
 // names are the canonical names (http.CanonicalHeaderKey) of the headers
 // never stored: credentials and cookies, hop-by-hop headers, the framing
 // the server sets itself, and the middleware's own markers.
@@ -21,7 +25,7 @@ var names = map[string]bool{
 	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
 	"Proxy-Authenticate": true, "Www-Authenticate": true, "Connection": true, "Keep-Alive": true,
 	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
-	"Content-Length": true, Replayed: true, Sealed: true,
+	"Content-Length": true, Replayed: true, Attempt: true, Sealed: true,
 }
 
 // Has reports whether the header of canonical name name is never stored.

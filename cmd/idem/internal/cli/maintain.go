@@ -110,7 +110,9 @@ func maintainMain(ctx context.Context, e *env, args []string, open storeOpener) 
 	raw := store // names its masters; the keyring's wrapper does not
 	store = idemcrypt.New(store, keyring)
 	cfg := maintainerConfig(e, o.sweepInterval, o.reapInterval, o.batchSize)
-	o.reconcile.apply(e, cfg, idemmaint.DefaultLookupMaxBody)
+	// The default grace covers proxies with the default lease; the
+	// operator of proxies with a longer one sets --reconcile-grace.
+	o.reconcile.apply(e, cfg, idemmaint.DefaultLookupMaxBody, defaultGrace(0))
 	m := idemmaint.New(store, cfg)
 	if o.once {
 		err := m.RunOnce(ctx)

@@ -80,7 +80,7 @@ func TestOpsReconcileLeft(t *testing.T) {
 		return idemmaint.Resolution{}, ctx.Err()
 	}
 	// Time for one lookup of 200ms in a pass of 400ms.
-	m := idemmaint.New(store, &idemmaint.Config{Reconcile: slow, ReconcileTimeout: 200 * time.Millisecond, PassTimeout: 400 * time.Millisecond})
+	m := idemmaint.New(store, &idemmaint.Config{Reconcile: slow, ReconcileTimeout: 200 * time.Millisecond, PassTimeout: 400 * time.Millisecond, Grace: -1})
 	if res, err := m.Reconcile(t.Context()); err != nil || res.Left != 2 {
 		t.Fatalf("Reconcile = %+v, %v; want 2 records left", res, err)
 	}

@@ -306,7 +306,11 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if o.maintain {
 		// Stopped before the store is closed (defers run last first).
 		mcfg := maintainerConfig(e, 0, 0, 0)
-		o.reconcile.apply(e, mcfg, o.maxResponse)
+		o.reconcile.apply(e, mcfg, o.maxResponse, defaultGrace(o.lease))
+		if g := o.reconcile.graceOr(defaultGrace(o.lease)); o.reconcile.tmpl != nil && g < defaultGrace(o.lease) {
+			e.logger.Warn("idem proxy: --reconcile-grace is shorter than the upstream timeout or the lease: the reconciler may ask about a request the upstream is still to act on, and release it for a second run",
+				"grace", g, "upstream_timeout", proxy.DefaultTimeout, "lease", o.lease)
+		}
 		// The reconciler stores the answers it finds: sealed, as the
 		// middleware's.
 		maint = idemmaint.New(idemcrypt.New(store, keyring), mcfg)

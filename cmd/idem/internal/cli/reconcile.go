@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/proxy"
 	"github.com/idem-dev/idem/idemmaint"
 )
 
@@ -27,6 +28,8 @@ type reconcileOptions struct {
 	unscoped bool
 	// concurrency is the number of lookups at once.
 	concurrency int
+	// grace is --reconcile-grace; nil leaves the command's default.
+	grace *time.Duration
 	// tmpl is the parsed --reconcile-url, set by check; nil without it.
 	tmpl *idemmaint.URLTemplate
 }
@@ -47,6 +50,9 @@ func (o *reconcileOptions) register(fs *flagSet) {
 		"per --reconcile-timeout of its time and leaves the others for the next pass")
 	fs.BoolVar(&o.unscoped, "reconcile-unscoped", o.unscoped,
 		"the upstream's keys are global: look up a scoped record by a --reconcile-url without {scope} (else such a record is not looked up)")
+	fs.Var(optionalDuration{&o.grace}, "reconcile-grace", "`DURATION` after a record's lease ended before the reconciler asks about it: "+
+		"the longest time the upstream may still act on a request it was sent; 0 for none "+
+		"(default 1m, idem proxy's upstream timeout; for idem proxy its --lease when longer)")
 }
 
 // check validates the flags after parsing; maintained reports that a
@@ -91,9 +97,10 @@ func (o *reconcileOptions) check(maintained bool, scopeHeader string) error {
 }
 
 // apply sets the maintainer's reconciler from the options: answers up to
-// maxBody bytes are stored for replay. Without --reconcile-url it changes
-// nothing.
-func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
+// maxBody bytes are stored for replay, and records are asked about once
+// their lease ended plus --reconcile-grace, or defaultGrace without it.
+// Without --reconcile-url it changes nothing.
+func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64, defaultGrace time.Duration) {
 	if o.tmpl == nil {
 		return
 	}
@@ -103,6 +110,11 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 	// A pass has time for two rounds of lookups at least, however long
 	// --reconcile-timeout is.
 	cfg.PassTimeout = max(idemmaint.DefaultPassTimeout, 2*o.timeout)
+	grace := o.graceOr(defaultGrace)
+	cfg.Grace = grace
+	if grace == 0 {
+		cfg.Grace = -1 // none
+	}
 	cfg.Reconcile = idemmaint.HTTPReconciler(o.tmpl, &idemmaint.HTTPConfig{
 		Header:  o.header.h,
 		Timeout: o.timeout,
@@ -131,7 +143,43 @@ func (o *reconcileOptions) apply(e *env, cfg *idemmaint.Config, maxBody int64) {
 		"interval", o.interval,
 		"concurrency", o.concurrency,
 		"unscoped", o.unscoped,
+		"grace", grace,
 	)
+}
+
+// graceOr returns --reconcile-grace, or def when it was not given.
+func (o *reconcileOptions) graceOr(def time.Duration) time.Duration {
+	if o.grace == nil {
+		return def
+	}
+	return *o.grace
+}
+
+// defaultGrace is --reconcile-grace's default: the longest the upstream of
+// an idem proxy with this lease may still act on a request the proxy sent
+// (the proxy's upstream timeout), and never less than the lease.
+func defaultGrace(lease time.Duration) time.Duration {
+	return max(proxy.DefaultTimeout, lease)
+}
+
+// optionalDuration is a duration flag, zero allowed, whose default is
+// decided after parsing: it stays nil when not given.
+type optionalDuration struct{ p **time.Duration }
+
+func (v optionalDuration) String() string {
+	if v.p == nil || *v.p == nil {
+		return ""
+	}
+	return (*v.p).String()
+}
+
+func (v optionalDuration) Set(s string) error {
+	var d time.Duration
+	if err := (durationValue{p: &d, zeroOK: true}).Set(s); err != nil {
+		return err
+	}
+	*v.p = &d
+	return nil
 }
 
 // kind names the reconciler in the start-up log: "url" or "none".

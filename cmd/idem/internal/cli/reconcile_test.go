@@ -30,13 +30,14 @@ func TestParseReconcileFlags(t *testing.T) {
 		wantTimeout  time.Duration
 		wantInterval time.Duration
 		wantWorkers  int
+		wantGrace    *time.Duration // nil: not given
 	}{
 		{name: "flags", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "authorization:Bearer s3cret",
-			"--reconcile-timeout", "2s", "--reconcile-interval", "20s", "--reconcile-concurrency", "16"},
-			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
+			"--reconcile-timeout", "2s", "--reconcile-interval", "20s", "--reconcile-concurrency", "16", "--reconcile-grace", "90s"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16, wantGrace: ptr(90 * time.Second)},
 		{name: "variables", env: map[string]string{"IDEM_RECONCILE_URL": tmpl, "IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret",
-			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s", "IDEM_RECONCILE_CONCURRENCY": "16"},
-			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16},
+			"IDEM_RECONCILE_TIMEOUT": "2s", "IDEM_RECONCILE_INTERVAL": "20s", "IDEM_RECONCILE_CONCURRENCY": "16", "IDEM_RECONCILE_GRACE": "0"},
+			wantHeader: auth, wantTimeout: 2 * time.Second, wantInterval: 20 * time.Second, wantWorkers: 16, wantGrace: ptr(time.Duration(0))},
 		{name: "repeated header", args: []string{"--reconcile-url", tmpl, "--reconcile-header", "X-A: 1", "--reconcile-header", "x-a:  2 ",
 			"--reconcile-header", "X-B: b c"}, wantHeader: http.Header{"X-A": {"1", "2"}, "X-B": {"b c"}}, wantTimeout: 5 * time.Second, wantInterval: 30 * time.Second},
 		{name: "headers one a line in the variable", env: map[string]string{"IDEM_RECONCILE_URL": tmpl,
@@ -55,9 +56,9 @@ func TestParseReconcileFlags(t *testing.T) {
 			check := func(cmd string, o *reconcileOptions) {
 				t.Helper()
 				if o.url != tmpl || o.tmpl == nil || !reflect.DeepEqual(o.header.h, tt.wantHeader) ||
-					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval || o.concurrency != tt.wantWorkers {
-					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v, concurrency %d",
-						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval, tt.wantWorkers)
+					o.timeout != tt.wantTimeout || o.interval != tt.wantInterval || o.concurrency != tt.wantWorkers || !reflect.DeepEqual(o.grace, tt.wantGrace) {
+					t.Errorf("%s: options = %+v; want the template, header %v, timeout %v, interval %v, concurrency %d, grace %v",
+						cmd, *o, tt.wantHeader, tt.wantTimeout, tt.wantInterval, tt.wantWorkers, tt.wantGrace)
 				}
 			}
 			m, err := parseMaintain(tt.args, newTestEnv(tt.env).env)
@@ -112,6 +113,7 @@ func TestParseReconcileFlagsRefuses(t *testing.T) {
 			wantErr: "--reconcile-concurrency must be at least 1"},
 		{name: "concurrency not a number", args: []string{"--reconcile-url", tmpl}, env: map[string]string{"IDEM_RECONCILE_CONCURRENCY": "many"},
 			wantErr: "want a number"},
+		{name: "grace negative", args: []string{"--reconcile-url", tmpl, "--reconcile-grace", "-1s"}, wantErr: "want a positive duration"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,7 +211,7 @@ func TestProxyMaintainReconcilesEachScope(t *testing.T) {
 		}
 	}
 	_, e, stop := startProxy(t, "--upstream", "http://127.0.0.1:9", "--store", u, "--maintain", "--scope-header", "X-Tenant",
-		"--reconcile-url", lookup.URL+"/tenants/{scope}/orders/by-key/{key}")
+		"--reconcile-url", lookup.URL+"/tenants/{scope}/orders/by-key/{key}", "--reconcile-grace", "0")
 	for _, id := range ids {
 		if !e.stderr.waitFor(`msg="idemmaint: unknown outcome reconciled" key_hash=`+id.LogHash(), 20*time.Second) {
 			t.Fatalf("the proxy's maintainer did not reconcile %s's record:\n%s", id.Scope, e.stderr)
@@ -247,7 +249,7 @@ func TestReconcileOptionsApply(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := maintainerConfig(e.env, 0, 0, 0)
-		o.reconcile.apply(e.env, cfg, 1<<20)
+		o.reconcile.apply(e.env, cfg, 1<<20, defaultGrace(0))
 		if cfg.Reconcile == nil || cfg.ReconcileConcurrency != tt.concurrency || cfg.ReconcileTimeout != tt.timeout || cfg.PassTimeout != tt.pass {
 			t.Errorf("%q: concurrency %d, timeout %v, pass %v; want %d, %v, %v", tt.args,
 				cfg.ReconcileConcurrency, cfg.ReconcileTimeout, cfg.PassTimeout, tt.concurrency, tt.timeout, tt.pass)
@@ -297,7 +299,7 @@ func TestMaintainOnceReconcilesConcurrently(t *testing.T) {
 		}
 	}
 	e := newTestEnv(map[string]string{"IDEM_RECONCILE_CONCURRENCY": "4"})
-	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}"); err != nil {
+	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:", "--reconcile-url", lookup.URL+"/?k={key}", "--reconcile-grace", "0"); err != nil {
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	if out := e.stdout.String(); !strings.Contains(out, fmt.Sprintf("Reconciled %d unknown records: 0 completed, %d released.", records, records)) {
@@ -307,6 +309,49 @@ func TestMaintainOnceReconcilesConcurrently(t *testing.T) {
 	defer mu.Unlock()
 	if peak != concurrency {
 		t.Errorf("%d lookups at once at most, want %d", peak, concurrency)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// --reconcile-grace's default covers the longest time the upstream may
+// still act on a request the proxy sent: the proxy's upstream timeout, and
+// never less than the lease. 0 means none.
+func TestReconcileGraceDefaults(t *testing.T) {
+	t.Parallel()
+	const tmpl = "http://h/{key}"
+	for _, tt := range []struct {
+		cmd  string
+		args []string
+		want time.Duration // the maintainer's Grace
+	}{
+		{"proxy", nil, time.Minute},
+		{"proxy", []string{"--lease", "10s"}, time.Minute},
+		{"proxy", []string{"--lease", "2m"}, 2 * time.Minute},
+		{"proxy", []string{"--lease", "2m", "--reconcile-grace", "5s"}, 5 * time.Second},
+		{"proxy", []string{"--reconcile-grace", "0"}, -1},
+		{"maintain", nil, time.Minute},
+		{"maintain", []string{"--reconcile-grace", "3m"}, 3 * time.Minute},
+	} {
+		e := newTestEnv(nil)
+		cfg := maintainerConfig(e.env, 0, 0, 0)
+		switch tt.cmd {
+		case "proxy":
+			o, err := parseProxy(append([]string{"--upstream", "http://u", "--maintain", "--reconcile-url", tmpl}, tt.args...), e.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.reconcile.apply(e.env, cfg, 1, defaultGrace(o.lease))
+		case "maintain":
+			o, err := parseMaintain(append([]string{"--reconcile-url", tmpl}, tt.args...), e.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.reconcile.apply(e.env, cfg, 1, defaultGrace(0))
+		}
+		if cfg.Grace != tt.want {
+			t.Errorf("%s %v: Grace %v, want %v", tt.cmd, tt.args, cfg.Grace, tt.want)
+		}
 	}
 }
 
@@ -376,7 +421,8 @@ func TestMaintainOnceReconciles(t *testing.T) {
 	}
 	e := newTestEnv(map[string]string{"IDEM_RECONCILE_HEADER": "Authorization: Bearer s3cret"})
 	if err := runMaintainIn(ctx, e, sharedOpener(store), "--once", "--store", "memory:",
-		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}&s={scope}"); err != nil {
+		"--reconcile-url", lookup.URL+"/lookup?k={key}&m={method}&s={scope}",
+		"--reconcile-grace", "0"); err != nil { // the leases ended at once, nothing was sent
 		t.Fatalf("idem maintain --once: %v\nstderr: %s", err, e.stderr)
 	}
 	out := e.stdout.String()
@@ -427,7 +473,8 @@ func TestProxyMaintainReconciles(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, e, stop := startProxy(t, "--upstream", "http://127.0.0.1:9", "--store", u, "--maintain",
-		"--reconcile-url", lookup.URL+"/by-key/{key}", "--reconcile-header", "X-Api-Key: s3cret")
+		"--reconcile-url", lookup.URL+"/by-key/{key}", "--reconcile-header", "X-Api-Key: s3cret",
+		"--reconcile-grace", "0") // the lease ended at once, nothing was sent
 	if !e.stderr.waitFor(`msg="idemmaint: unknown outcome reconciled" key_hash=`+id.LogHash(), 20*time.Second) {
 		t.Fatalf("the proxy's maintainer did not reconcile the record:\n%s", e.stderr)
 	}

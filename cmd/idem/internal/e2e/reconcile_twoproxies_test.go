@@ -140,7 +140,8 @@ func TestTwoProxiesAskOncePerPass(t *testing.T) {
 		reconcilers[name] = e.startProxy(name, srv.URL, 3, "--lease", "1s", "--maintain",
 			"--reconcile-url", srv.URL+"/lookup/{key}",
 			"--reconcile-header", "X-Proxy: "+name,
-			"--reconcile-interval", interval.String())
+			"--reconcile-interval", interval.String(),
+			"--reconcile-grace", "1s") // keeps the test short: the killed proxy's requests wait on the upstream
 	}
 
 	// Eight keys turn unknown: a third proxy dies while the upstream works

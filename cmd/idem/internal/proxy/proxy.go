@@ -7,6 +7,12 @@
 // context detached from the client's, bounded by Config.Timeout. Nothing is
 // retried here; retries are the client's, made safe by the middleware.
 //
+// A protected request carries its attempt's fencing token to the upstream
+// in the Idempotency-Attempt header (idem.HeaderAttempt; a client's own is
+// never forwarded), and is never written to the upstream once its lease is
+// gone (see lease.go): the proxy answers 503 lease-lost and drops the
+// record, if it is still the attempt's, since nothing happened.
+//
 // An upstream that cannot be reached answers 502 (the key is released: the
 // request never left). An exchange that fails after the request may have
 // reached the upstream (a timeout answers 504, a connection broken mid-way
@@ -51,6 +57,10 @@ const (
 	// CodeUpstreamTimeout answers 504 when the upstream did not answer within
 	// Config.Timeout.
 	CodeUpstreamTimeout = "upstream-timeout"
+	// CodeLeaseLost answers 503 when the attempt lost its lease on the key
+	// before or while the request went to the upstream (a pause of the
+	// process, the store out of reach): a retry gets the outcome.
+	CodeLeaseLost = "lease-lost"
 )
 
 // Config configures the proxy. A nil *Config means all defaults.
@@ -59,7 +69,10 @@ type Config struct {
 	// end of the response body. Defaults to DefaultTimeout.
 	Timeout time.Duration
 	// Transport sends the upstream requests. Defaults to a clone of
-	// http.DefaultTransport that keeps more idle connections per host.
+	// http.DefaultTransport that keeps more idle connections per host and
+	// checks the lease of a protected request before every write of it to
+	// an HTTP/1 connection. With another transport the lease is checked
+	// when the request gets its connection.
 	Transport http.RoundTripper
 	// ProblemTypeBase prefixes the problem code to form the problem+json
 	// "type" URI. Defaults to DefaultProblemTypeBase.
@@ -84,6 +97,8 @@ func (c *Config) withDefaults() Config {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 256
 		t.MaxIdleConns = 1024
+		// http.DefaultTransport's dialer.
+		t.DialContext = gatedDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		cfg.Transport = t
 	}
 	if cfg.ProblemTypeBase == "" {
@@ -125,8 +140,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// ReverseProxy from watching CloseNotify, which would cancel on hang-up.
 	// It expires on the process's shared alarm list rather than on a
 	// runtime timer of its own: one allocation, no timer per request.
-	ctx, release := deadline.WithTimeout(deadline.Wall, r.Context(), h.cfg.Timeout)
-	defer release()
+	if _, protected := idem.FencingTokenFromContext(r.Context()); !protected {
+		ctx, release := deadline.WithTimeout(deadline.Wall, r.Context(), h.cfg.Timeout)
+		defer release()
+		h.rp.ServeHTTP(flushGate{w}, r.WithContext(ctx))
+		return
+	}
+	// A protected request: the same, but the exchange ends when the
+	// middleware gives the lease up, and is sent under its lease.
+	s, ctx := newSending(r.Context(), deadline.Wall, h.cfg.Timeout)
+	defer s.ctx.Disarm()
+	defer s.disarm()
+	idem.AfterLeaseLost(r.Context(), s.leaseLost)
 	h.rp.ServeHTTP(flushGate{w}, r.WithContext(ctx))
 }
 
@@ -156,6 +181,11 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header["Forwarded"] = fwd
 	}
 	pr.SetXForwarded()
+	// The attempt's fencing token, never a client's.
+	pr.Out.Header.Del(idem.HeaderAttempt)
+	if token, ok := idem.FencingTokenFromContext(pr.In.Context()); ok {
+		pr.Out.Header[idem.HeaderAttempt] = []string{token}
+	}
 }
 
 func joinQuery(a, b string) string {
@@ -168,8 +198,18 @@ func joinQuery(a, b string) string {
 // fail answers a failed upstream exchange with a problem+json 502 or 504.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	sent := !neverSent(err)
+	s := sendingFrom(r.Context())
+	if s != nil && !s.mayHaveSent() {
+		sent = false // no byte of the request left the process
+	}
 	status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached."
 	switch {
+	case s != nil && s.refused.Load():
+		status, code = http.StatusServiceUnavailable, CodeLeaseLost
+		detail = "The request was not sent: this proxy lost its hold on the Idempotency-Key (a pause, or its store out of reach). Retry to get the outcome."
+		if sent {
+			detail = "This proxy lost its hold on the Idempotency-Key while the request was on its way: its outcome is unknown until reconciled. Retry later."
+		}
 	case errors.Is(err, context.DeadlineExceeded):
 		status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time."
 	case sent:
@@ -182,10 +222,17 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		slog.Int("status", status),
 		slog.String("error", err.Error()),
 	)
-	if sent {
+	retryAfter := 0
+	switch {
+	case sent:
 		// The upstream may have acted: the key must not be released for a
 		// retry to run it again. Outside a protected request this does nothing.
 		idem.MarkUnknown(r.Context())
+	case code == CodeLeaseLost:
+		// Nothing happened: the record is dropped (if it is still this
+		// attempt's), whatever the profile does with a 5xx.
+		idem.Reject(r.Context())
+		retryAfter = 1
 	}
 	if h.cfg.StripeErrors {
 		// Stripe-Should-Retry: a request that never left may be sent again;
@@ -193,7 +240,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeStripeError(w, h.cfg.ProblemTypeBase, status, code, detail, !sent)
 		return
 	}
-	writeProblem(w, h.cfg.ProblemTypeBase, status, code, detail)
+	writeProblem(w, h.cfg.ProblemTypeBase, status, code, detail, retryAfter)
 }
 
 // neverSent reports whether err proves the request never reached the
@@ -204,8 +251,8 @@ func neverSent(err error) bool {
 }
 
 // writeProblem writes an RFC 9457 problem+json answer, shaped as the
-// middleware's.
-func writeProblem(w http.ResponseWriter, typeBase string, status int, code, detail string) {
+// middleware's, with Retry-After when retryAfter (seconds) is positive.
+func writeProblem(w http.ResponseWriter, typeBase string, status int, code, detail string, retryAfter int) {
 	body, _ := json.Marshal(idem.Problem{ // cannot fail: strings and an int
 		Type: typeBase + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code,
 	})
@@ -214,6 +261,9 @@ func writeProblem(w http.ResponseWriter, typeBase string, status int, code, deta
 	hdr.Set("Content-Type", "application/problem+json")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
