@@ -302,7 +302,6 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 	}
 }
 
-// readBody reads at most limit bytes of the request body.
 // readBody reads the request body within Config.BodyTimeout: a read
 // deadline on the connection, lifted once the body is in so the handler's
 // own reading (none: it gets the buffered body) and the next request on the

@@ -37,7 +37,8 @@ type RotateConfig struct {
 	// fails with ErrRotationUnsettled when the last allowed pass still
 	// found some. Defaults to DefaultRotateMaxPasses.
 	MaxPasses int
-	// Progress, when set, is called after every batch with the totals so far.
+	// Progress, when set, is called after every batch with the totals so
+	// far. Defaults to none.
 	Progress func(RotateProgress)
 }
 
