@@ -2,8 +2,6 @@ package idemnats
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/msgkey"
 )
 
 // Handler processes one message. Its context carries the attempt: in
@@ -348,15 +347,7 @@ func nakked(delay time.Duration) settlement { return settlement{kind: settleNak,
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
-	ok := len(id) >= c.cfg.Guard.MinKeyLength && len(id) <= idem.MaxKeyLength
-	for i := 0; ok && i < len(id); i++ {
-		ok = id[i] >= 0x20 && id[i] < 0x7f
-	}
-	if ok {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return msgkey.Key(id, c.cfg.Guard.MinKeyLength, idem.MaxKeyLength)
 }
 
 // retryDelay returns RetryDelay when set, else the core's estimate (at
