@@ -85,10 +85,12 @@ type GuardConfig struct {
 	// Keyring, when set, encrypts every stored response (header values and
 	// body) at rest with AES-256-GCM under its first key, and opens
 	// responses sealed under any of its keys (package idemcrypt). A record
-	// sealed under a key it does not hold is answered 500
-	// response-untrusted, never replayed and never run again. Without a
+	// sealed under a key it does not hold is answered 503
+	// store-unavailable (ErrStoreUnavailable), never replayed and never run
+	// again, not even with FailOpen; one whose seal does not open is
+	// answered 500 response-untrusted (ErrResponseUntrusted). Without a
 	// Keyring, responses are stored in the clear and a sealed record is
-	// answered the same way. Defaults to none.
+	// answered 503 the same way. Defaults to none.
 	Keyring *idemcrypt.Keyring
 	// EncryptionRequired refuses to replay a stored response that is not
 	// sealed in the current format: one stored in the clear (which anyone
@@ -113,9 +115,10 @@ type GuardConfig struct {
 	NewKeysPerSecondPerScope float64
 	// Transactional runs the operation in transactional mode (SPEC section
 	// 5). The store must implement idemstore.TxStore (idemsqlite, idempgx,
-	// idemmem); New and NewGuard panic otherwise. The operation gets the
-	// business transaction from its context (idemsqlite.TxFromContext,
-	// idempgx.TxFromContext, idemmem.TxFromContext); the key's completion
+	// idemmysql, idemmem); New and NewGuard panic otherwise. The operation
+	// gets the business transaction from its context
+	// (idemsqlite.TxFromContext, idempgx.TxFromContext,
+	// idemmysql.TxFromContext, idemmem.TxFromContext); the key's completion
 	// is written in that transaction, which is committed before the answer
 	// is sent. A failure (over HTTP: a 5xx, 408, 425 or 429 answer), a panic
 	// or a lost lease rolls it back and releases the key; an expired lease
@@ -150,7 +153,8 @@ type GuardConfig struct {
 // narrowed fingerprint) get their own middleware instance on the same store.
 type Config struct {
 	// GuardConfig holds the settings of the core: TTL, Lease, Wait,
-	// Keyring, Transactional, Metrics, Logger, Clock and the others.
+	// Keyring, Transactional, Metrics, Logger, Clock and the others. Its
+	// zero value means the core's defaults.
 	GuardConfig
 	// Methods are the covered methods; others pass through untouched.
 	// Defaults to DefaultMethods(Profile): POST and PATCH, and with
@@ -178,9 +182,11 @@ type Config struct {
 	// segments of the path.
 	MetricsEndpoint func(r *http.Request) string
 	// Fingerprint narrows the request fingerprint for JSON bodies.
+	// Defaults to the whole body.
 	Fingerprint FingerprintConfig
 	// Async answers an in-progress duplicate with 202 Accepted and
 	// Retry-After instead of 409, for routes that process asynchronously.
+	// Defaults to false.
 	Async bool
 	// Profile selects the answer to key reuse and the 5xx policy.
 	// Defaults to ProfileIETF.
@@ -230,8 +236,9 @@ type Clock interface {
 // top-level members or drops members, e.g. a client timestamp.
 type FingerprintConfig struct {
 	// Include, when not empty, keeps only these top-level members.
+	// Defaults to none: every member is kept.
 	Include []string
-	// Exclude drops these top-level members.
+	// Exclude drops these top-level members. Defaults to none.
 	Exclude []string
 }
 

@@ -119,9 +119,10 @@ func (a *attempt) decision(d Decision) {
 	}
 }
 
-// metricsEndpoint is the endpoint label of the attempt in Metrics: the
-// adapter's label (the HTTP middleware's, never a raw path by default),
-// else the endpoint, which Guard's callers name.
+// metricsEndpoint is the endpoint label of the attempt in Metrics, logs
+// and spans: the adapter's label (the HTTP middleware's, never a raw path
+// by default, which may carry a secret), else the endpoint, which Guard's
+// callers name. The record keeps the endpoint; key_hash names it.
 func (a *attempt) metricsEndpoint() string {
 	if a.label != "" {
 		return a.label
@@ -181,13 +182,13 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 		if untrusted(err) {
 			a.decision(DecisionUntrusted)
 			c.log.Error("idem: stored response refused: it cannot be trusted, so it is not replayed and the request is not run again",
-				"key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "untrusted", "error", err)
+				"key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "untrusted", "error", err)
 			return verdict{d: DecisionUntrusted, err: err}
 		}
 		if err != nil {
 			a.decision(DecisionStoreError)
 			if !c.cfg.FailOpen || !mayFailOpen(err) { // the adapter logs the bypass
-				c.log.Error("idem: store unavailable", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+				c.log.Error("idem: store unavailable", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "store_error", "error", err)
 			}
 			return verdict{d: DecisionStoreError, retry: 1, err: err}
 		}
@@ -202,7 +203,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 		}
 		if rec.Fingerprint != a.fp {
 			a.decision(DecisionKeyReused)
-			c.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "key_reused")
+			c.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "key_reused")
 			return verdict{d: DecisionKeyReused}
 		}
 		switch rec.State {
@@ -215,7 +216,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			return verdict{d: DecisionReplayed, rec: rec}
 		case idemstore.StateUnknown:
 			a.decision(DecisionUnknown)
-			c.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			c.log.Info("idem: outcome unknown", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "unknown")
 			return verdict{d: DecisionUnknown, retry: c.unknownRetryAfter()}
 		}
 		// In progress (or released but not re-claimable, which a correct
@@ -375,9 +376,9 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 	switch {
 	case err == nil:
 	case errors.Is(err, idemstore.ErrLeaseLost):
-		c.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		c.log.Warn("idem: lease lost before commit; the transaction was rolled back", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint())
 	default:
-		c.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+		c.log.Error("idem: committing the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "store_error", "error", err)
 		if !errors.Is(err, errCommitReleased) {
 			c.release(ctx, a)
 		}
@@ -399,9 +400,9 @@ func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(co
 	switch {
 	case err == nil:
 	case errors.Is(err, idemstore.ErrLeaseLost):
-		c.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint)
+		c.log.Warn("idem: lease lost before the attempt finished; its outcome was not recorded", "op", op, "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint())
 	default:
-		c.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "store_error", "error", err)
+		c.log.Error("idem: recording the outcome failed; the lease will expire to unknown", "op", op, "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "store_error", "error", err)
 	}
 	return err
 }
@@ -426,7 +427,7 @@ func (a *attempt) rollback(ctx context.Context) {
 	ctx, cancel := deadline.WithTimeout(a.c.alarms, ctx, a.c.cfg.StoreTimeout)
 	defer cancel()
 	if err := a.tx.Rollback(ctx); err != nil {
-		a.c.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		a.c.log.Error("idem: rolling back the business transaction failed", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "error", err)
 	}
 }
 

@@ -32,7 +32,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			// handler gave up writing (as ReverseProxy does): the handler
 			// answered, so its answer decides the outcome. Not a panic.
 			endHandler(nil)
-			m.log.Info("idem: client went away during the answer", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "status", rw.finalStatus(), "error", rw.writeErr)
+			m.log.Info("idem: client went away during the answer", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "status", rw.finalStatus(), "error", rw.writeErr)
 			m.finished(w, r, a, rw)
 			panic(v) // net/http drops the connection without logging
 		}
@@ -47,9 +47,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		m.complete(w, r, a, rw, o)
 		if o.record == recordReleased {
 			// The transaction rolled back: nothing happened.
-			m.log.Error("idem: "+what+", transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+			m.log.Error("idem: "+what+", transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "released")
 		} else {
-			m.log.Error("idem: "+what+", outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			m.log.Error("idem: "+what+", outcome unknown", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "unknown")
 		}
 		if v != nil {
 			panic(v)

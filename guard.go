@@ -146,7 +146,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 		return Result{Status: resp.Status, Meta: cloneMeta(resp.Header), Body: slices.Clone(resp.Body)}, true, nil
 	case DecisionStoreError:
 		if c.cfg.FailOpen && mayFailOpen(v.err) {
-			c.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", v.err)
+			c.log.Error("idem: store unavailable, running the function UNPROTECTED (fail-open)", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "error", v.err)
 			res, err := fn(ctx)
 			return res, false, err
 		}
@@ -228,9 +228,9 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 		o := afterHandler(handled{panicked: true}, ProfileIETF, c.txStore != nil)
 		c.record(ctx, a, o, nil)
 		if o.record == recordReleased {
-			c.log.Error("idem: function panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "released")
+			c.log.Error("idem: function panicked, transaction rolled back, key released", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "released")
 		} else {
-			c.log.Error("idem: function panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "decision", "unknown")
+			c.log.Error("idem: function panicked, outcome unknown", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "unknown")
 		}
 		if v != nil {
 			panic(v)

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -99,6 +100,46 @@ func TestMetricsPathPrefix(t *testing.T) {
 		r := httptest.NewRequest("POST", tt.path, nil)
 		if got := idem.MetricsPathPrefix(tt.n)(r); got != tt.want {
 			t.Errorf("MetricsPathPrefix(%d)(%q) = %q, want %q", tt.n, tt.path, got, tt.want)
+		}
+	}
+}
+
+// Logs and span attributes name an unrouted request's endpoint by its
+// metrics label, never by its raw path, which may carry a secret (POST
+// /v1/reset/SECRETPATHTOKEN); the record keeps the path.
+func TestRawPathNeverLogged(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	tr := &recordingTracer{attrs: map[string]string{}}
+	cfg := &idem.Config{GuardConfig: idem.GuardConfig{
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Tracer: tr,
+	}}
+	h := idem.New(idemmem.New(nil), cfg)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		idem.MarkUnknown(r.Context())
+		w.WriteHeader(http.StatusBadGateway)
+	}))
+	for _, body := range []string{`{"a":1}`, `{"a":1}`, `{"a":2}`} { // unknown, then refused as unknown, then reused
+		r := httptest.NewRequest("POST", "/v1/reset/SECRETPATHTOKEN", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", "k1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "outcome unknown") || !strings.Contains(out, "key reused") {
+		t.Fatalf("the log lines the test looks at are missing:\n%s", out)
+	}
+	if strings.Contains(out, "SECRETPATHTOKEN") {
+		t.Errorf("a raw path appeared in the log:\n%s", out)
+	}
+	if !strings.Contains(out, `endpoint="POST /*"`) {
+		t.Errorf("the log does not name the endpoint by its label:\n%s", out)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for k, v := range tr.attrs {
+		if strings.Contains(v, "SECRETPATHTOKEN") {
+			t.Errorf("span attribute %s = %q carries the raw path", k, v)
 		}
 	}
 }

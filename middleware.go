@@ -110,7 +110,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		// Nothing is stored: the key was not reserved yet.
 		m.cfg.Metrics.Decision(m.metricsEndpoint(r), scope, DecisionInvalid)
-		m.log.Info("idem: request body too slow", "endpoint", m.endpoint(r), "body_timeout", m.cfg.BodyTimeout)
+		m.log.Info("idem: request body too slow", "endpoint", m.metricsEndpoint(r), "body_timeout", m.cfg.BodyTimeout)
 		w.Header().Set("Connection", "close")
 		m.writeProblem(w, http.StatusRequestTimeout, CodeBodyTimeout,
 			fmt.Sprintf("The request body did not arrive within %s.", m.cfg.BodyTimeout), 0)
@@ -132,7 +132,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
-		span.SetAttribute("idem.endpoint", endpoint)
+		span.SetAttribute("idem.endpoint", a.label)
 		span.SetAttribute("idem.key_hash", a.keyHash())
 		a.span = span
 		defer func() { span.End(nil) }()
@@ -195,7 +195,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 // on. The core logged the failure and counted the decision.
 func (m *middleware) storeFailed(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt, err error) {
 	if m.cfg.FailOpen && mayFailOpen(err) {
-		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		m.log.Error("idem: store unavailable, running the handler UNPROTECTED (fail-open)", "op", "reserve", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "error", err)
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -261,8 +261,8 @@ func (m *middleware) endpoint(r *http.Request) string {
 	return r.Method + " " + r.URL.Path
 }
 
-// metricsEndpoint is the endpoint label of r in Metrics: never the raw
-// path unless Config.MetricsEndpoint says so.
+// metricsEndpoint is the endpoint label of r in Metrics, logs and spans:
+// never the raw path unless Config.MetricsEndpoint says so.
 func (m *middleware) metricsEndpoint(r *http.Request) string {
 	switch {
 	case m.cfg.MetricsEndpoint != nil:
@@ -302,7 +302,6 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 	}
 }
 
-// readBody reads at most limit bytes of the request body.
 // readBody reads the request body within Config.BodyTimeout: a read
 // deadline on the connection, lifted once the body is in so the handler's
 // own reading (none: it gets the buffered body) and the next request on the

@@ -1067,7 +1067,7 @@ func TestTracing(t *testing.T) {
 	if fmt.Sprint(tr.spans) != fmt.Sprint(want) {
 		t.Fatalf("spans %v, want %v", tr.spans, want)
 	}
-	if tr.attrs["idem.decision"] != "created" || tr.attrs["idem.endpoint"] != "POST /v1/things" || len(tr.attrs["idem.key_hash"]) != 16 {
+	if tr.attrs["idem.decision"] != "created" || tr.attrs["idem.endpoint"] != "POST /*" || len(tr.attrs["idem.key_hash"]) != 16 {
 		t.Fatalf("attributes %v", tr.attrs)
 	}
 	for _, v := range tr.attrs {

@@ -73,7 +73,7 @@ func (a *attempt) runPhase(ctx context.Context, p Phase) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("committing phase %q: %w", p.Name, err)
 	}
-	a.c.log.Info("idem: phase committed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "recovery_point", p.Name)
+	a.c.log.Info("idem: phase committed", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "recovery_point", p.Name)
 	return nil
 }
 

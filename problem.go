@@ -107,6 +107,8 @@ var stripeAnswers = map[string]stripeAnswer{
 	CodeUnauthorized:     {http.StatusUnauthorized, stripeInvalidRequestError, CodeUnauthorized, "false"},
 	CodeTooManyKeys:      {http.StatusTooManyRequests, stripeInvalidRequestError, "rate_limit", ""},
 	CodeStoreUnavailable: {http.StatusServiceUnavailable, stripeAPIError, CodeStoreUnavailable, "true"},
+	// The request completed and is never run again: a retry gets the same.
+	CodeResponseUntrusted: {http.StatusInternalServerError, stripeAPIError, CodeResponseUntrusted, "false"},
 }
 
 // writeStripeError answers as Stripe's API does: its status, an

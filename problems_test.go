@@ -162,6 +162,18 @@ func TestStripeProfileAnswersInStripeShape(t *testing.T) {
 				return b.do(t, "POST", "key-one", "{}")
 			},
 			status: 503, typ: "api_error", code: "store-unavailable", shouldRetry: "true", retryAfter: true},
+		{name: "response untrusted", cfg: stripe(idem.Config{GuardConfig: idem.GuardConfig{Keyring: testKeyring(t, "k1"), EncryptionRequired: true}}),
+			answer: func(t *testing.T, b *testBundle) *httptest.ResponseRecorder {
+				// Completed by a middleware without encryption: stored in the clear.
+				clear := idem.New(b.store, &idem.Config{Profile: idem.ProfileStripe, GuardConfig: idem.GuardConfig{Clock: b.clock}})(
+					http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(201) }))
+				r := httptest.NewRequest("POST", "/v1/things", strings.NewReader("{}"))
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set("Idempotency-Key", "key-one")
+				clear.ServeHTTP(httptest.NewRecorder(), r)
+				return b.do(t, "POST", "key-one", "{}")
+			},
+			status: 500, typ: "api_error", code: "response-untrusted", shouldRetry: "false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -110,7 +110,7 @@ func (rn *renewer) giveUp(msg string) {
 	rn.onLost = nil
 	rn.mu.Unlock()
 	if !stopped {
-		c.log.Warn(msg, "key_hash", rn.a.keyHash(), "endpoint", rn.a.id.Endpoint)
+		c.log.Warn(msg, "key_hash", rn.a.keyHash(), "endpoint", rn.a.metricsEndpoint())
 	}
 	rn.cancel(ErrLeaseLost)
 	if !stopped {
@@ -178,7 +178,7 @@ func (rn *renewer) renew() {
 		return
 	}
 	if err != nil {
-		c.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.id.Endpoint, "error", err)
+		c.log.Error("idem: renewing the lease failed", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "error", err)
 	}
 	rn.mu.Lock()
 	if rn.stopped || rn.lost {

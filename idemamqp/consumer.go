@@ -2,8 +2,6 @@ package idemamqp
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/msgkey"
 )
 
 // Handler processes one message. Its context carries the attempt: in
@@ -101,11 +100,12 @@ type Config struct {
 	// HoldDelay), DeadLetter, or RunUnprotected. Defaults to Hold.
 	MissingID Action
 	// Unknown is what becomes of a message whose record's outcome is
-	// unknown: Hold (with HoldDelay) or DeadLetter. It never runs again.
-	// Defaults to Hold.
+	// unknown, or whose stored outcome fails verification
+	// (OutcomeUntrusted): Hold (with HoldDelay) or DeadLetter. It never
+	// runs again. Defaults to Hold.
 	Unknown Action
-	// HoldDelay is the delay of a held message (unknown outcome, missing
-	// id). Defaults to one minute.
+	// HoldDelay is the delay of a held message (unknown or untrusted
+	// outcome, missing id). Defaults to one minute.
 	HoldDelay time.Duration
 	// RetryDelay, when positive, is the delay of a message that could not
 	// be processed now: its id in progress elsewhere, the store
@@ -209,7 +209,13 @@ const (
 	OutcomeStoreUnavailable Outcome = "store_unavailable" // the store failed before the handler: delay queue
 	OutcomeTooManyKeys      Outcome = "too_many_keys"     // a per-scope limit refused the id: delay queue
 	OutcomeNotRecorded      Outcome = "not_recorded"      // the handler ran, its outcome not stored: delay queue, never acked as done
-	OutcomeDeliveryLimit    Outcome = "delivery_limit"    // returned more often than DeliveryLimit: dead letter
+	// OutcomeUntrusted: the id completed, but its stored outcome failed
+	// verification (idem.ErrResponseUntrusted: it does not authenticate,
+	// or GuardConfig.EncryptionRequired refuses it): it never runs again
+	// and is held or dead-lettered as Config.Unknown says (an operator
+	// looks at the record), logged as an error.
+	OutcomeUntrusted     Outcome = "untrusted"
+	OutcomeDeliveryLimit Outcome = "delivery_limit" // returned more often than DeliveryLimit: dead letter
 )
 
 // Consumer runs a Handler at most once per message id of one queue. It is
@@ -304,6 +310,11 @@ func (c *Consumer) Process(ctx context.Context, d *amqp.Delivery) (Outcome, erro
 			return dl.settle(ctx, OutcomeUnknown, err, slog.LevelWarn, "idemamqp: outcome of an earlier attempt unknown; not run again, dead-lettered", c.deadLetter)
 		}
 		return dl.settle(ctx, OutcomeUnknown, err, slog.LevelWarn, "idemamqp: outcome of an earlier attempt unknown; not run again, held until it is settled", c.delay(c.cfg.HoldDelay))
+	case idem.ErrResponseUntrusted:
+		if c.cfg.Unknown == DeadLetter {
+			return dl.settle(ctx, OutcomeUntrusted, err, slog.LevelError, "idemamqp: stored outcome of the id failed verification; not run again, dead-lettered", c.deadLetter)
+		}
+		return dl.settle(ctx, OutcomeUntrusted, err, slog.LevelError, "idemamqp: stored outcome of the id failed verification; not run again, held until an operator settles it", c.delay(c.cfg.HoldDelay))
 	case idem.ErrKeyReused:
 		return dl.settle(ctx, OutcomeKeyReused, err, slog.LevelError, "idemamqp: message id reused with another message; dead-lettered", c.deadLetter)
 	case idem.ErrTooManyKeys:
@@ -457,15 +468,7 @@ func headerInt(v any) int {
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
-	ok := len(id) >= c.cfg.Guard.MinKeyLength && len(id) <= idem.MaxKeyLength
-	for i := 0; ok && i < len(id); i++ {
-		ok = id[i] >= 0x20 && id[i] < 0x7f
-	}
-	if ok {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return msgkey.Key(id, c.cfg.Guard.MinKeyLength, idem.MaxKeyLength)
 }
 
 // retryDelay returns RetryDelay when set, else the core's estimate (at
@@ -497,7 +500,7 @@ func (dl *delivery) settle(ctx context.Context, o Outcome, err error, level slog
 	if c.log.Enabled(context.Background(), level) {
 		attrs := []any{"outcome", string(o), "endpoint", c.cfg.Endpoint, "queue", c.queue,
 			"delivery_tag", dl.d.DeliveryTag, "redelivered", dl.d.Redelivered, "returns", dl.returns}
-		if o == OutcomeUnknown || o == OutcomeMissingID {
+		if o == OutcomeUnknown || o == OutcomeUntrusted || o == OutcomeMissingID {
 			attrs = append(attrs, "holds", c.holds(dl.d))
 		}
 		if dl.id.Key != "" {

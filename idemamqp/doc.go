@@ -33,7 +33,8 @@
 //   - QUEUE.dead (Config.DeadLetterQueue): the messages given up, by the
 //     broker (x-death reason delivery_limit) or by the Consumer, which adds
 //     the header x-idem-outcome with its reason (key_reused,
-//     delivery_limit, and unknown or missing_id when Config says so).
+//     delivery_limit, and unknown, untrusted or missing_id when Config
+//     says so).
 //
 // A copy keeps the message's properties, body and headers; it carries its
 // first routing key in x-idem-routing-key and the returns counted so far in
@@ -64,6 +65,11 @@
 //     keys resolve), the next delivery acks it (completed) or runs it
 //     (released). Config.Unknown = DeadLetter sends it to the dead-letter
 //     queue instead.
+//   - An id whose stored outcome fails verification
+//     (idem.ErrResponseUntrusted: it does not authenticate, or encryption
+//     is required and it is not sealed) is never run again either: it is
+//     held or dead-lettered as Config.Unknown says and logged as an error
+//     (OutcomeUntrusted), until an operator settles the record.
 //   - A message without an id is held the same way by default: the safe
 //     choice that neither runs it unprotected nor drops it.
 //     Config.MissingID chooses DeadLetter or RunUnprotected.
@@ -74,16 +80,16 @@
 //   - A message whose returns (x-delivery-count with x-idem-returns) exceed
 //     Config.DeliveryLimit: dead-lettered, whatever its record says.
 //
-// In transactional mode (idem.Config.Transactional on idemsqlite or
-// idempgx), the handler's database writes go through the driver's
-// TxFromContext and commit in one transaction with the record's
+// In transactional mode (Config.Guard.Transactional on idemsqlite,
+// idempgx or idemmysql), the handler's database writes go through the
+// driver's TxFromContext and commit in one transaction with the record's
 // completion: both or neither. A consumer killed mid-message then leaves
 // nothing behind, its lease expires to released, and the redelivery runs
 // the message again.
 //
 // The at-most-once promise is the store's: it holds across processes and
 // machines sharing a store. A completed record expires with its retention
-// (idem.Config.TTL, 24 hours by default); a copy of the message published
+// (Config.Guard.TTL, 24 hours by default); a copy of the message published
 // after that runs again, so keep the retention longer than any producer
 // may republish, or make the effect itself refuse a second copy (a unique
 // event id in the business table).

@@ -14,10 +14,11 @@
 // already carries an Idempotency-Key header keeps it.
 //
 // Keyed requests are retried on connection errors and timeouts, on 409 with
-// problem code key-in-use, 429, 408, 425 and 5xx other than 501, honouring
-// Retry-After. A 409 outcome-unknown is retried with a longer backoff
-// (UnknownOutcomeBackoff), since it resolves only when the server reconciles
-// the call; 400, 422 key-reused and other 4xx are final. Requests without a
+// problem code key-in-use, 429, 408, 425 and 5xx other than 501 and 505,
+// honouring Retry-After. A 409 outcome-unknown is retried with a longer
+// backoff (UnknownOutcomeBackoff), since it resolves only when the server
+// reconciles the call; 400, 422 key-reused, other 4xx and 500
+// response-untrusted are final. Requests without a
 // key are retried only when their method is idempotent (RFC 9110), and then
 // only on connection errors and 503.
 //

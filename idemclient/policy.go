@@ -29,6 +29,10 @@ const (
 	// CodeKeyReused says the key was already used with another request. It
 	// is final.
 	CodeKeyReused = "key-reused"
+	// CodeResponseUntrusted (500) says the request completed but the
+	// server's stored answer failed verification: the server never runs it
+	// again nor replays it. It is final.
+	CodeResponseUntrusted = "response-untrusted"
 )
 
 // RetryAfterLimit is the longest wait ParseRetryAfter returns.
@@ -52,10 +56,10 @@ type Backoff func(min, max time.Duration, attempt int, resp *http.Response) time
 // DefaultRetryPolicy is the policy for requests sent with an idempotency
 // key, which a server running the idem middleware executes at most once. It
 // retries connection errors and timeouts, 409 with problem code key-in-use or
-// outcome-unknown, 408, 425, 429, and 5xx other than 501 and 505. It never
-// retries other 4xx (among them 400 and 422 key-reused), TLS certificate
-// errors, invalid requests, redirect loops or refused redirects, and stops with the context's
-// error once ctx is done.
+// outcome-unknown, 408, 425, 429, and 5xx other than 501, 505 and 500
+// response-untrusted. It never retries other 4xx (among them 400 and 422
+// key-reused), TLS certificate errors, invalid requests, redirect loops or
+// refused redirects, and stops with the context's error once ctx is done.
 func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	if ctx.Err() != nil {
 		return false, ctx.Err()
@@ -72,7 +76,7 @@ func DefaultRetryPolicy(ctx context.Context, resp *http.Response, err error) (bo
 	case s == http.StatusNotImplemented, s == http.StatusHTTPVersionNotSupported:
 		return false, nil
 	case s >= 500 && s <= 599:
-		return true, nil
+		return s != http.StatusInternalServerError || ProblemCode(resp) != CodeResponseUntrusted, nil
 	}
 	return false, nil
 }

@@ -67,6 +67,7 @@ var policyCases = []struct {
 	{name: "425", resp: answer(425, "", ""), keyed: true},
 	{name: "429", resp: problem(429, "too-many-keys"), keyed: true},
 	{name: "500", resp: answer(500, "", ""), keyed: true},
+	{name: "500 response-untrusted", resp: problem(500, "response-untrusted")},
 	{name: "501", resp: answer(501, "", "")},
 	{name: "502", resp: answer(502, "", ""), keyed: true},
 	{name: "503", resp: problem(503, "store-unavailable"), keyed: true, unkeyed: true},

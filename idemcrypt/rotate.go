@@ -37,7 +37,8 @@ type RotateConfig struct {
 	// fails with ErrRotationUnsettled when the last allowed pass still
 	// found some. Defaults to DefaultRotateMaxPasses.
 	MaxPasses int
-	// Progress, when set, is called after every batch with the totals so far.
+	// Progress, when set, is called after every batch with the totals so
+	// far. Defaults to none.
 	Progress func(RotateProgress)
 }
 
@@ -90,8 +91,8 @@ func (p RotateProgress) FailedKeys() []string {
 // the former format v1 (which does not bind the fingerprint and the
 // creation time), are opened and sealed again, responses stored in the
 // clear are sealed. It works on the records as stored, so store is the
-// store below the encrypting wrapper (a *Store from New is unwrapped), and
-// it must implement idemstore.Resealer.
+// store below the encrypting wrapper (a store New returned is unwrapped),
+// and it must implement idemstore.Resealer.
 //
 // One pass is not enough while any process still seals with an old
 // keyring: a record it stores behind the pass's cursor is never seen by

@@ -50,6 +50,7 @@ type KeyError struct {
 	Err  error
 }
 
+// Error returns Err's text with the key's name.
 func (e *KeyError) Error() string { return fmt.Sprintf("%v (key %q)", e.Err, e.Name) }
 
 // Unwrap returns Err.

@@ -47,8 +47,8 @@ type Backoff func(min, max time.Duration, attempt int, err error) time.Duration
 // all defaults; zero fields mean their defaults.
 type ClientConfig struct {
 	// Methods are the covered full method names ("/pkg.Service/Method"):
-	// calls to them get a key and are retried. Nil covers every unary
-	// call; an empty, non-nil slice covers none. Covered, when set, takes
+	// calls to them get a key and are retried. Defaults to nil, which
+	// covers every unary call; an empty, non-nil slice covers none. Covered, when set, takes
 	// precedence. Calls that are not covered pass through untouched, and
 	// are not retried.
 	Methods []string
@@ -89,6 +89,7 @@ type ClientConfig struct {
 	UnknownOutcomeBackoff Backoff
 	// DisableUnknownOutcomeRetry returns OUTCOME_UNKNOWN to the caller at
 	// once instead of waiting for the server to reconcile the call.
+	// Defaults to false.
 	DisableUnknownOutcomeRetry bool
 	// Logger receives a debug record per retry and a warning when the
 	// retries run out. Keys appear only as a short hash (attribute

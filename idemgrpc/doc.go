@@ -92,6 +92,7 @@
 //	in flight                         ABORTED              KEY_IN_USE + RetryInfo
 //	outcome unknown                   FAILED_PRECONDITION  OUTCOME_UNKNOWN + RetryInfo
 //	stored answer not replayable      FAILED_PRECONDITION  NOT_REPLAYABLE
+//	stored answer fails verification  DATA_LOSS            RESPONSE_UNTRUSTED
 //	store unavailable                 UNAVAILABLE          STORE_UNAVAILABLE + RetryInfo
 //	per-scope limit                   RESOURCE_EXHAUSTED   TOO_MANY_KEYS + RetryInfo
 //	Config.Scope failed               UNAUTHENTICATED      (no details)

@@ -30,6 +30,11 @@ const (
 	ReasonNotReplayable    = "NOT_REPLAYABLE"
 	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
 	ReasonTooManyKeys      = "TOO_MANY_KEYS"
+	// ReasonResponseUntrusted refuses, with DATA_LOSS, a call whose key
+	// completed but whose stored answer failed verification
+	// (idem.ErrResponseUntrusted): it is not replayed, and the handler
+	// never runs again for the key.
+	ReasonResponseUntrusted = "RESPONSE_UNTRUSTED"
 	// ReasonStreamingUnsupported refuses a covered streaming call (see
 	// StreamServerInterceptor): it has no HTTP counterpart.
 	ReasonStreamingUnsupported = "STREAMING_UNSUPPORTED"
@@ -73,6 +78,8 @@ func refusalFor(err error) error {
 		return refusal(codes.FailedPrecondition, ReasonNotReplayable, "the answer to an earlier call with this idempotency key cannot be replayed", 0)
 	case idem.ErrTooManyKeys:
 		return refusal(codes.ResourceExhausted, ReasonTooManyKeys, "too many idempotency keys", atLeast(retry, time.Second))
+	case idem.ErrResponseUntrusted:
+		return refusal(codes.DataLoss, ReasonResponseUntrusted, "the call with this idempotency key completed, but its stored answer failed verification: it is not replayed, and the call is not run again", 0)
 	}
 	return refusal(codes.Unavailable, ReasonStoreUnavailable, "idempotency store unavailable", atLeast(retry, time.Second))
 }

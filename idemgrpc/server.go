@@ -51,7 +51,8 @@ type Config struct {
 	// idem's defaults.
 	Guard idem.GuardConfig
 	// Methods are the covered full method names ("/pkg.Service/Method").
-	// Nil covers every method; an empty, non-nil slice covers none.
+	// Defaults to nil, which covers every method; an empty, non-nil slice
+	// covers none.
 	// Covered, when set, takes precedence. UnaryServerInterceptor protects
 	// the covered unary methods; StreamServerInterceptor refuses the
 	// covered streaming methods.

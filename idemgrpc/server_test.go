@@ -2,6 +2,7 @@ package idemgrpc_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemgrpc"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemstore"
@@ -705,5 +707,34 @@ func TestNotReplayableAndLimits(t *testing.T) {
 	close(release)
 	if a := <-first; a.err != nil {
 		t.Error(a.err)
+	}
+}
+
+// TestResponseUntrusted: a completed call whose stored answer fails
+// verification (here stored in the clear, and refused by
+// EncryptionRequired) is refused with DATA_LOSS (RESPONSE_UNTRUSTED),
+// without a RetryInfo, and the handler never runs again: not UNAVAILABLE
+// (STORE_UNAVAILABLE), which says the call was not processed and which
+// clients retry.
+func TestResponseUntrusted(t *testing.T) {
+	t.Parallel()
+	clock := newTestClock()
+	store := idemmem.New(&idemmem.Config{Now: clock.Now})
+	clear := setup(t, store, clock, idemgrpc.Config{}, nil)
+	ctx := context.Background()
+	if a := call(ctx, clear.conn, methodCreate, "k", newRequest("acct-1", 500, "")); a.err != nil {
+		t.Fatal(a.err)
+	}
+	secret := make([]byte, idemcrypt.KeySize)
+	rand.Read(secret)
+	kr, err := idemcrypt.NewKeyring(idemcrypt.Key{Name: "k1", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := setup(t, store, clock, idemgrpc.Config{Guard: idem.GuardConfig{Keyring: kr, EncryptionRequired: true}}, nil)
+	a := call(ctx, sealed.conn, methodCreate, "k", newRequest("acct-1", 500, ""))
+	checkRefusal(t, a.err, codes.DataLoss, idemgrpc.ReasonResponseUntrusted, false)
+	if got := sealed.svc.runs.Load(); got != 0 {
+		t.Errorf("handler ran %d times on a completed call, want 0", got)
 	}
 }

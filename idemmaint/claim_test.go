@@ -195,3 +195,30 @@ func TestReconcileCallTimeout(t *testing.T) {
 		}
 	})
 }
+
+// TestReconcileLeftSkipsGrace: a pass that stops at ScanLimit counts the
+// due records it left (ReconcileResult.Left), not the unknown records
+// still inside their grace, which no claim may take yet: counting those
+// would report a reconciler that keeps up as one that falls behind, after
+// every crash.
+func TestReconcileLeftSkipsGrace(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, b *bundle) {
+		const grace = 2 * time.Minute
+		b.unknown(t, id(1))
+		b.unknown(t, id(2))
+		b.clock.Advance(testLease + grace) // id(1) and id(2) are due
+		for i := 3; i <= 5; i++ {
+			b.unknown(t, id(i)) // inside their grace
+		}
+		f := &fixed{r: Resolution{State: idemstore.StateReleased}}
+		m := b.newMaintainer(&Config{Reconcile: f.reconcile, Grace: grace, ScanLimit: 2, BatchSize: 2})
+		res, err := m.Reconcile(b.ctx)
+		if err != nil || res.Listed != 2 || res.Released != 2 || !res.Truncated {
+			t.Fatalf("Reconcile = %+v, %v; want the 2 due records claimed and released, stopped at ScanLimit", res, err)
+		}
+		if res.Left != 0 || m.Stats().ReconcileLeft != 0 {
+			t.Fatalf("Left = %d, Stats().ReconcileLeft = %d; want 0: the other records are inside their grace", res.Left, m.Stats().ReconcileLeft)
+		}
+	})
+}

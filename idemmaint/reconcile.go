@@ -62,7 +62,8 @@ type ReconcileResult struct {
 	// claim holds them until the pass's time ends), and, when it stopped
 	// claiming for lack of time or at ScanLimit, the unknown records due on
 	// Config.Now that it found in the store (listing at most ScanLimit
-	// unknown records). It does not count the Deferred ones.
+	// unknown records). It does not count the Deferred ones, nor the
+	// records inside their Config.Grace.
 	Left int
 }
 
@@ -255,11 +256,14 @@ func (m *Maintainer) reconcileBatch(ctx context.Context, recs []*idemstore.Recor
 }
 
 // countDue counts the unknown records that are due (ReconcileAfter at or
-// before Config.Now), listing at most ScanLimit unknown records.
+// before Config.Now and, with a positive Config.Grace, their lease ended
+// that long ago or more, as a claim takes them), listing at most ScanLimit
+// unknown records.
 func (m *Maintainer) countDue(parent context.Context) (int, error) {
 	ctx, cancel := m.passContext(parent)
 	defer cancel()
 	now := m.cfg.Now()
+	graceOver := now.Add(-m.cfg.Grace) // a lease that ended by then is past its grace
 	var (
 		after  *idemstore.Identity
 		due    int
@@ -272,7 +276,7 @@ func (m *Maintainer) countDue(parent context.Context) (int, error) {
 			return due, fmt.Errorf("idemmaint: counting the due unknown records: %w", err)
 		}
 		for _, rec := range page {
-			if !rec.ReconcileAfter.After(now) {
+			if !rec.ReconcileAfter.After(now) && (m.cfg.Grace <= 0 || !rec.LockedUntil.After(graceOver)) {
 				due++
 			}
 		}

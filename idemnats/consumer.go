@@ -2,8 +2,6 @@ package idemnats
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/msgkey"
 )
 
 // Handler processes one message. Its context carries the attempt: in
@@ -69,7 +68,7 @@ type Config struct {
 	Guard idem.GuardConfig
 	// MessageID returns the message's id, the record's key; "" means the
 	// message has none (see MissingID). An id that is not 1–255 printable
-	// ASCII characters (or shorter than Idem.MinKeyLength) is replaced by
+	// ASCII characters (or shorter than Guard.MinKeyLength) is replaced by
 	// "sha256:" and its hex SHA-256. Defaults to the Nats-Msg-Id header.
 	MessageID func(msg jetstream.Msg) string
 	// Endpoint names the records of this consumer: messages with the same
@@ -82,11 +81,12 @@ type Config struct {
 	// HoldDelay), Term, or RunUnprotected. Defaults to Nak.
 	MissingID Action
 	// Unknown is what becomes of a message whose record's outcome is
-	// unknown: Nak (with HoldDelay) or Term. It never runs again.
-	// Defaults to Nak.
+	// unknown, or whose stored outcome fails verification
+	// (OutcomeUntrusted): Nak (with HoldDelay) or Term. It never runs
+	// again. Defaults to Nak.
 	Unknown Action
-	// HoldDelay is the redelivery delay of a held message (unknown
-	// outcome, missing id). Defaults to one minute.
+	// HoldDelay is the redelivery delay of a held message (unknown or
+	// untrusted outcome, missing id). Defaults to one minute.
 	HoldDelay time.Duration
 	// RetryDelay, when positive, is the redelivery delay of a message that
 	// could not be processed now: its id in progress elsewhere, the store
@@ -178,6 +178,12 @@ const (
 	OutcomeStoreUnavailable Outcome = "store_unavailable" // the store failed before the handler: nak with delay
 	OutcomeTooManyKeys      Outcome = "too_many_keys"     // a per-scope limit refused the id: nak with delay
 	OutcomeNotRecorded      Outcome = "not_recorded"      // the handler ran, its outcome not stored: nak with delay, never acked
+	// OutcomeUntrusted: the id completed, but its stored outcome failed
+	// verification (idem.ErrResponseUntrusted: it does not authenticate,
+	// or GuardConfig.EncryptionRequired refuses it): it never runs again
+	// and is held as Config.Unknown says (an operator looks at the
+	// record), logged as an error.
+	OutcomeUntrusted Outcome = "untrusted"
 	// OutcomeMaxDeliveries: the last delivery Config.MaxDeliver allows
 	// would have been nak'ed (for any of the reasons above): term with the
 	// reason, logged as an error. Process's error is the cause.
@@ -186,7 +192,7 @@ const (
 
 // TermMetrics is implemented by a Config.Guard.Metrics that counts the
 // messages a Consumer terminates, by endpoint and outcome (key_reused,
-// unknown, missing_id, max_deliveries); idemprom.Metrics does.
+// unknown, untrusted, missing_id, max_deliveries); idemprom.Metrics does.
 type TermMetrics interface {
 	MessageTerminated(endpoint, outcome string)
 }
@@ -278,6 +284,11 @@ func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) (Outcome, err
 			return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, terminated", terminated)
 		}
 		return d.settle(OutcomeUnknown, err, slog.LevelWarn, "idemnats: outcome of an earlier attempt unknown; not run again, held until it is settled", nakked(c.cfg.HoldDelay))
+	case idem.ErrResponseUntrusted:
+		if c.cfg.Unknown == Term {
+			return d.settle(OutcomeUntrusted, err, slog.LevelError, "idemnats: stored outcome of the id failed verification; not run again, terminated", terminated)
+		}
+		return d.settle(OutcomeUntrusted, err, slog.LevelError, "idemnats: stored outcome of the id failed verification; not run again, held until an operator settles it", nakked(c.cfg.HoldDelay))
 	case idem.ErrKeyReused:
 		return d.settle(OutcomeKeyReused, err, slog.LevelError, "idemnats: message id reused with another message; terminated", terminated)
 	case idem.ErrTooManyKeys:
@@ -336,15 +347,7 @@ func nakked(delay time.Duration) settlement { return settlement{kind: settleNak,
 
 // key returns id as the record's key, hashed when the core would refuse it.
 func (c *Consumer) key(id string) string {
-	ok := len(id) >= c.cfg.Guard.MinKeyLength && len(id) <= idem.MaxKeyLength
-	for i := 0; ok && i < len(id); i++ {
-		ok = id[i] >= 0x20 && id[i] < 0x7f
-	}
-	if ok {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return msgkey.Key(id, c.cfg.Guard.MinKeyLength, idem.MaxKeyLength)
 }
 
 // retryDelay returns RetryDelay when set, else the core's estimate (at

@@ -34,6 +34,11 @@
 //     settles the record (idem keys resolve), the next delivery acks it
 //     (completed) or runs it (released). Config.Unknown = Term terminates
 //     it instead, for those who handle JetStream's MSG_TERMINATED advisory.
+//   - An id whose stored outcome fails verification
+//     (idem.ErrResponseUntrusted: it does not authenticate, or encryption
+//     is required and it is not sealed) is never run again either: it is
+//     held as Config.Unknown says and logged as an error
+//     (OutcomeUntrusted), until an operator settles the record.
 //   - A message without an id is held the same way (nak'ed with HoldDelay)
 //     by default: the safe choice that neither runs it unprotected nor
 //     drops it. Config.MissingID chooses Term or RunUnprotected.
@@ -42,8 +47,8 @@
 //   - The same id on another message (other subject or data): Term, logged
 //     as an error; retrying cannot help.
 //
-// In transactional mode (idem.Config.Transactional on idemsqlite or
-// idempgx), the handler's database writes go through the driver's
+// In transactional mode (Config.Guard.Transactional on idemsqlite,
+// idempgx or idemmysql), the handler's database writes go through the driver's
 // TxFromContext and commit in one transaction with the record's
 // completion: both or neither. A consumer killed mid-message then leaves
 // nothing behind, its lease expires to released, and the redelivery runs

@@ -131,7 +131,7 @@ func New(reg prometheus.Registerer, cfg *Config) *Metrics {
 	}, []string{"endpoint"}))
 	m.terminated = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_messages_terminated_total",
-		Help: "Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, missing_id, max_deliveries).",
+		Help: "Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, untrusted, missing_id, max_deliveries).",
 	}, []string{"endpoint", "outcome"}))
 	return m
 }

@@ -68,7 +68,7 @@ func TestMessagesTerminated(t *testing.T) {
 	m.MessageTerminated("nats ORDERS/billing", "key_reused")
 
 	want := `
-# HELP idem_messages_terminated_total Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, missing_id, max_deliveries).
+# HELP idem_messages_terminated_total Messages a consumer (idemnats) terminated, by outcome (key_reused, unknown, untrusted, missing_id, max_deliveries).
 # TYPE idem_messages_terminated_total counter
 idem_messages_terminated_total{endpoint="nats ORDERS/billing",outcome="key_reused"} 1
 idem_messages_terminated_total{endpoint="nats ORDERS/billing",outcome="max_deliveries"} 2

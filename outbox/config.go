@@ -26,7 +26,8 @@ type RelayConfig struct {
 	// ends after DeliverTimeout; it must return by then, or the claim may
 	// expire and another relay send the message concurrently (still with
 	// the same key). A returned error is logged and stored as the message's
-	// last error. Calls are sequential within a relay.
+	// last error. Calls are sequential within a relay. Required: it has no
+	// default.
 	Deliver func(ctx context.Context, m Message) (Outcome, error)
 	// OnUnknown, when set, settles an attempt whose outcome was unknown,
 	// typically by asking the downstream for the operation by

@@ -6,9 +6,10 @@ package neverstored
 
 import "net/http"
 
-// Sealed is the header a sealed response is stored under (its value names
-// the format and the key, see idemcrypt.HeaderSealed). An upstream's header
-// of that name is never stored: it would make a stored answer look sealed.
+// Sealed is the header under which the stores keep a sealed response's
+// seal (idemstore.Response.Sealed, whose value names the format and the
+// key). An upstream's header of that name is never stored: it would make a
+// stored answer look sealed.
 const Sealed = "Idem-Sealed"
 
 // Replayed is the header a replay is marked with (idem.HeaderReplayed).

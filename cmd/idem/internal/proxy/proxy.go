@@ -77,7 +77,7 @@ type Config struct {
 	// ProblemTypeBase prefixes the problem code to form the problem+json
 	// "type" URI. Defaults to DefaultProblemTypeBase.
 	ProblemTypeBase string
-	// StripeErrors words the proxy's own answers (502, 504) as Stripe's API
+	// StripeErrors words the proxy's own answers (502, 503, 504) as Stripe's API
 	// does, {"error":{"type":"api_error",...}}, as the middleware does under
 	// idem.ProfileStripe. Defaults to problem+json.
 	StripeErrors bool
