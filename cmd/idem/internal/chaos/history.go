@@ -381,3 +381,40 @@ func (h *History) WriteJSON(w io.Writer) error {
 
 // stamp formats a time for reports: wall clock to the millisecond.
 func stamp(t time.Time) string { return t.Format("15:04:05.000") }
+
+// executionsPerKey counts the executions of every key that may have had an
+// effect (not void), under the lock.
+func (h *History) executionsPerKey() map[string]int {
+	n := make(map[string]int)
+	for _, e := range h.Executions {
+		if !e.Void() {
+			n[e.Key]++
+		}
+	}
+	return n
+}
+
+// DoubleExecutions counts the keys executed more than once so far, void
+// executions aside: the campaign's progress line.
+func (h *History) DoubleExecutions() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := 0
+	for _, n := range h.executionsPerKey() {
+		if n > 1 {
+			d++
+		}
+	}
+	return d
+}
+
+// MaxExecutionsPerKey is the most executions any key had, void ones aside.
+func (h *History) MaxExecutionsPerKey() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := 0
+	for _, n := range h.executionsPerKey() {
+		m = max(m, n)
+	}
+	return m
+}
