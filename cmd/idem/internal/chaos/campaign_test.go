@@ -38,6 +38,9 @@ const (
 	// reconcileGrace is --reconcile-grace, when the binary has the flag:
 	// longer than the upstream's slowest execution.
 	reconcileGrace = 2 * time.Second
+	// pauseLatency is the latency on a proxy's link just before it is
+	// stopped.
+	pauseLatency = 200 * time.Millisecond
 	// defaultDuration is the fault phase of a campaign in `go test`.
 	defaultDuration = 20 * time.Second
 	// settleTimeout bounds the wait for the reconciler once the faults
@@ -87,6 +90,11 @@ type storeEnv interface {
 	// durable reports whether the store is configured to keep every
 	// acknowledged write through its faults.
 	durable() bool
+}
+
+// linked is a storeEnv whose proxies reach the store through relays.
+type linked interface {
+	link(i int) *Relay
 }
 
 // campaign is one run: a topology, a seed, a duration.
@@ -316,6 +324,16 @@ func (c *campaign) start(f PlannedFault, up *Upstream, w *Workload) (heal func()
 		}
 	case FaultPauseProxy:
 		p := c.proxies[f.Proxy]
+		if l, ok := c.store.(linked); ok {
+			// The review's scenario: stopped right after a reservation.
+			// A slow link keeps most of the proxy's requests waiting for
+			// the store's answer to their reservation when it stops; it
+			// reads the answer when it resumes, long after its lease.
+			r := l.link(f.Proxy)
+			prev := r.SetLatency(pauseLatency)
+			time.Sleep(2 * pauseLatency) // the requests pile up behind the latency
+			defer r.SetLatency(prev)
+		}
 		if err := p.signal(syscall.SIGSTOP); err != nil {
 			t.Errorf("stopping %s: %v", p.name, err)
 		}

@@ -45,11 +45,13 @@ func NewRelay(target string) (*Relay, error) {
 func (r *Relay) Addr() string { return r.ln.Addr().String() }
 
 // SetLatency delays every chunk of bytes by d in each direction (0 ends
-// it).
-func (r *Relay) SetLatency(d time.Duration) {
+// it) and returns the latency it replaces.
+func (r *Relay) SetLatency(d time.Duration) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	prev := r.latency
 	r.latency = d
+	return prev
 }
 
 // Blackhole starts (on) or heals (off) a partition.

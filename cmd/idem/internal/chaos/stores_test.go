@@ -79,6 +79,7 @@ func (r *redisEnv) proxyStore(i int) string { return "redis://" + r.relays[i].Ad
 func (r *redisEnv) readStore() string       { return "redis://" + r.srv.Addr + "/0" }
 func (r *redisEnv) kinds() []FaultKind      { return append([]FaultKind{FaultStoreCrash}, linkKinds...) }
 func (r *redisEnv) durable() bool           { return true }
+func (r *redisEnv) link(i int) *Relay       { return r.relays[i] }
 func (r *redisEnv) inject(t *testing.T, f PlannedFault) func() {
 	if f.Kind == FaultStoreCrash {
 		r.srv.Kill()

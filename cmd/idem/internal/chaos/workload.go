@@ -44,6 +44,10 @@ type Workload struct {
 	// DuplicateRate is the share of operations two clients send at once.
 	// Defaults to 0.15.
 	DuplicateRate float64
+	// RecheckRate is the share of operations whose client, once answered,
+	// sends the request once more (it did not trust the answer): a replay.
+	// Defaults to 0.15.
+	RecheckRate float64
 	// HangupRate is the share of attempts the client hangs up on, after
 	// up to 50 ms. Defaults to 0.05; Lose raises it for a while.
 	HangupRate float64
@@ -71,6 +75,9 @@ func (w *Workload) defaults() {
 	}
 	if w.DuplicateRate == 0 {
 		w.DuplicateRate = 0.15
+	}
+	if w.RecheckRate == 0 {
+		w.RecheckRate = 0.15
 	}
 	if w.HangupRate == 0 {
 		w.HangupRate = 0.05
@@ -144,6 +151,10 @@ func (w *Workload) worker(ctx context.Context, stop <-chan struct{}, id int) {
 		final := false
 		for _, o := range results {
 			final = final || o.final()
+		}
+		if final && rng.Float64() < w.RecheckRate {
+			a := w.History.Invoke(op, id*2, key, body, rng.IntN(len(w.Proxies)))
+			w.History.Complete(a, w.attempt(ctx, a, rng))
 		}
 		if final {
 			w.done.Add(1)
