@@ -477,3 +477,15 @@ func requireKinds(t *testing.T, res result, want ...string) {
 		}
 	}
 }
+
+// requireLosses fails unless the checker found what an asynchronous
+// replica loses: an acknowledged answer no record replays, or a key run
+// again after its record was lost.
+func requireLosses(t *testing.T, res result) {
+	t.Helper()
+	got := anomalyKinds(res.anomalies)
+	t.Logf("the checker found %v", got)
+	if got[KindLostAck]+got[KindLostRecord]+got[KindDoubleExecution] == 0 {
+		t.Errorf("the checker found no loss after a failover to an asynchronous replica: %v", got)
+	}
+}

@@ -3,9 +3,16 @@
 package chaos
 
 import (
+	"fmt"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/internal/testenv/pgproc"
 	"github.com/idem-dev/idem/internal/testenv/redisproc"
 )
 
@@ -86,4 +93,111 @@ func (r *redisEnv) inject(t *testing.T, f PlannedFault) func() {
 		return r.srv.Restart
 	}
 	return linkFault(t, r.relays[f.Proxy], f)
+}
+
+// pgEnv is a private PostgreSQL primary, reached by each proxy through a
+// relay; crashed with pg_ctl stop -m immediate.
+type pgEnv struct {
+	c      *pgproc.Cluster
+	relays []*Relay
+}
+
+func newPGEnv(t *testing.T) *pgEnv {
+	c := pgproc.Start(t)
+	return &pgEnv{c: c, relays: relays(t, fmt.Sprintf("127.0.0.1:%d", c.Port))}
+}
+
+func (p *pgEnv) proxyStore(i int) string {
+	return "postgres://postgres@" + p.relays[i].Addr() + "/postgres?sslmode=disable&pool_max_conns=4"
+}
+func (p *pgEnv) readStore() string  { return p.c.URL }
+func (p *pgEnv) kinds() []FaultKind { return append([]FaultKind{FaultStoreCrash}, linkKinds...) }
+func (p *pgEnv) durable() bool      { return true }
+func (p *pgEnv) link(i int) *Relay  { return p.relays[i] }
+func (p *pgEnv) inject(t *testing.T, f PlannedFault) func() {
+	if f.Kind == FaultStoreCrash {
+		p.c.Crash()
+		return p.c.Start
+	}
+	return linkFault(t, p.relays[f.Proxy], f)
+}
+
+// replicaStall is how long a failover stalls the replica before the
+// primary dies: the writes of that window exist on the primary only,
+// unless the primary waits for the replica (synchronous replication,
+// wait_replicas).
+const replicaStall = 1500 * time.Millisecond
+
+// pgFailoverEnv is a private primary with a streaming standby, reached by
+// the proxies through a multi-host URL (target_session_attrs=read-write).
+// With sync, the standby is synchronous (synchronous_standby_names). The
+// failover stalls the standby, crashes the primary and promotes the
+// standby; the old primary stays down. A store crash crashes whichever is
+// the primary and starts it again.
+type pgFailoverEnv struct {
+	primary, standby *pgproc.Cluster
+	sync             bool
+	mu               sync.Mutex
+	current          *pgproc.Cluster
+}
+
+func newPGFailoverEnv(t *testing.T, synchronous bool) *pgFailoverEnv {
+	p := pgproc.Start(t)
+	s := p.StartStandby("standby")
+	want := "async"
+	if synchronous {
+		p.Configure("synchronous_standby_names = 'standby'")
+		want = "sync"
+	}
+	pool, err := pgxpool.New(t.Context(), p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var state string
+		err := pool.QueryRow(t.Context(), "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'").Scan(&state)
+		if err == nil && state == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby never streamed as %s (%q, %v)", want, state, err)
+		}
+		time.Sleep(50 * time.Millisecond) // replication starts on real time
+	}
+	return &pgFailoverEnv{primary: p, standby: s, sync: synchronous, current: p}
+}
+
+func (p *pgFailoverEnv) url() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		p.primary.Port, p.standby.Port)
+}
+func (p *pgFailoverEnv) proxyStore(int) string { return p.url() + "&pool_max_conns=4" }
+func (p *pgFailoverEnv) readStore() string     { return p.url() }
+func (p *pgFailoverEnv) kinds() []FaultKind    { return []FaultKind{FaultStoreCrash} }
+func (p *pgFailoverEnv) durable() bool         { return p.sync }
+func (p *pgFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch f.Kind {
+	case FaultStoreCrash:
+		c := p.current
+		c.Crash()
+		return c.Start
+	case FaultFailover:
+		if p.current != p.primary {
+			t.Errorf("a second failover planned")
+			return func() {}
+		}
+		p.standby.Signal(syscall.SIGSTOP)
+		time.Sleep(replicaStall) // the primary runs ahead of its stalled standby
+		p.primary.Crash()
+		p.standby.Signal(syscall.SIGCONT)
+		p.standby.Promote()
+		p.current = p.standby
+		return func() {}
+	}
+	t.Errorf("no fault %s here", f.Kind)
+	return func() {}
 }
