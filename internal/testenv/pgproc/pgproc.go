@@ -172,17 +172,26 @@ func (c *Cluster) Crash() {
 }
 
 // StartStandby makes a streaming standby of c (pg_basebackup -R), with conf
-// appended to its postgresql.conf, and starts it. Its application_name is
-// name, for synchronous_standby_names.
-func (c *Cluster) StartStandby(name string, conf ...string) *Cluster {
+// appended to its postgresql.conf, and starts it. It replicates from
+// the address via (host:port; "" is c itself), which may be a relay in
+// front of c. Its application_name is name, for
+// synchronous_standby_names.
+func (c *Cluster) StartStandby(name, via string, conf ...string) *Cluster {
 	c.t.Helper()
 	s := newCluster(c.t)
 	if s == nil {
 		return nil
 	}
 	s.bin = c.bin
+	host, port := "127.0.0.1", strconv.Itoa(c.Port)
+	if via != "" {
+		var err error
+		if host, port, err = net.SplitHostPort(via); err != nil {
+			c.t.Fatal(err)
+		}
+	}
 	s.run("pg_basebackup", "-D", s.Data(), "-R", "-X", "stream", "-c", "fast",
-		"-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres", "-d",
+		"-h", host, "-p", port, "-U", "postgres", "-d",
 		fmt.Sprintf("application_name=%s", name))
 	s.appendConf(conf...)
 	s.Start()

@@ -113,6 +113,11 @@ type campaign struct {
 	extraKinds []FaultKind
 	// failoverAt, when set, plans one failover at that time.
 	failoverAt time.Duration
+	// onlyFailover leaves out every other fault: a run that shows what a
+	// failover alone loses.
+	onlyFailover bool
+	// kinds, when set, are the only faults drawn.
+	kinds []FaultKind
 
 	dir     string
 	h       *History
@@ -202,8 +207,14 @@ func (c *campaign) run() result {
 
 	kinds := []FaultKind{FaultKillProxy, FaultPauseProxy, FaultSlowUpstream, FaultClientLoss}
 	kinds = append(append(kinds, c.store.kinds()...), c.extraKinds...)
-	schedule := Schedule(ScheduleConfig{Seed: c.seed, Duration: c.dur, Kinds: kinds, Proxies: len(c.proxies),
-		Pause: campaignLease + reconcileGrace + reconcileInterval})
+	if c.kinds != nil {
+		kinds = c.kinds
+	}
+	var schedule []PlannedFault
+	if !c.onlyFailover {
+		schedule = Schedule(ScheduleConfig{Seed: c.seed, Duration: c.dur, Kinds: kinds, Proxies: len(c.proxies),
+			Pause: campaignLease + reconcileGrace + reconcileInterval})
+	}
 	if c.failoverAt > 0 {
 		schedule = append(schedule, PlannedFault{At: c.failoverAt, Kind: FaultFailover, For: time.Second})
 		sort.SliceStable(schedule, func(i, j int) bool { return schedule[i].At < schedule[j].At })

@@ -102,7 +102,7 @@ func checkKey(kh *keyHistory, cfg CheckConfig) []Anomaly {
 		for _, p := range kh.executions[:i] {
 			switch {
 			case !p.Void():
-				add(KindDoubleExecution, "%s after %s, which was not void%s", e, p, staleHint(kh, e))
+				add(KindDoubleExecution, "%s after %s, which was not void%s", e, p, staleHint(kh, p, e))
 			case p.End.After(e.Start):
 				add(KindDoubleExecution, "%s began while %s still ran", e, p)
 			default:
@@ -182,23 +182,22 @@ func checkKey(kh *keyHistory, cfg CheckConfig) []Anomaly {
 	return out
 }
 
-// staleHint explains a double execution whose later execution came from an
-// attempt made before a lookup answered 404: the key was released while
-// that attempt could still act (the pause defect).
-func staleHint(kh *keyHistory, e *Execution) string {
-	var inv *Attempt
-	for _, a := range kh.attempts {
-		if a.ID == e.Attempt {
-			inv = a
-		}
-	}
-	if inv == nil {
-		return ""
-	}
+// staleHint explains a double execution of p and e in which an attempt
+// sent before a lookup answered 404 reached the upstream only after it:
+// the key was released while that attempt could still act (the pause
+// defect).
+func staleHint(kh *keyHistory, p, e *Execution) string {
 	for _, l := range kh.lookups {
-		if l.Status == 404 && l.At.After(inv.Call) && l.At.Before(e.Start) {
-			return fmt.Sprintf(" (attempt %d was sent at %s, the %s released the key, and the attempt reached the upstream after it: a stale attempt acted)",
-				inv.ID, stamp(inv.Call), l)
+		if l.Status != 404 {
+			continue
+		}
+		for _, x := range []*Execution{p, e} {
+			for _, a := range kh.attempts {
+				if a.ID == x.Attempt && a.Call.Before(l.At) && l.At.Before(x.Start) {
+					return fmt.Sprintf(" (the %s released the key while attempt %d, sent at %s, had not reached the upstream; it did at %s: a stale attempt acted)",
+						l, a.ID, stamp(a.Call), stamp(x.Start))
+				}
+			}
 		}
 	}
 	return ""

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -122,7 +121,7 @@ func (p *pgEnv) inject(t *testing.T, f PlannedFault) func() {
 	return linkFault(t, p.relays[f.Proxy], f)
 }
 
-// replicaStall is how long a failover stalls the replica before the
+// replicaStall is how long a failover cuts the replica off before the
 // primary dies: the writes of that window exist on the primary only,
 // unless the primary waits for the replica (synchronous replication,
 // wait_replicas).
@@ -131,11 +130,14 @@ const replicaStall = 1500 * time.Millisecond
 // pgFailoverEnv is a private primary with a streaming standby, reached by
 // the proxies through a multi-host URL (target_session_attrs=read-write).
 // With sync, the standby is synchronous (synchronous_standby_names). The
-// failover stalls the standby, crashes the primary and promotes the
-// standby; the old primary stays down. A store crash crashes whichever is
-// the primary and starts it again.
+// standby replicates through a relay; the failover partitions it from the
+// primary (what the primary sends then never arrives: stopping the standby
+// would not do, the kernel's buffers would keep the WAL for it), crashes
+// the primary and promotes the standby; the old primary stays down. A
+// store crash crashes whichever is the primary and starts it again.
 type pgFailoverEnv struct {
 	primary, standby *pgproc.Cluster
+	replication      *Relay
 	sync             bool
 	mu               sync.Mutex
 	current          *pgproc.Cluster
@@ -143,7 +145,12 @@ type pgFailoverEnv struct {
 
 func newPGFailoverEnv(t *testing.T, synchronous bool) *pgFailoverEnv {
 	p := pgproc.Start(t)
-	s := p.StartStandby("standby")
+	repl, err := NewRelay(fmt.Sprintf("127.0.0.1:%d", p.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(repl.Close)
+	s := p.StartStandby("standby", repl.Addr())
 	want := "async"
 	if synchronous {
 		p.Configure("synchronous_standby_names = 'standby'")
@@ -166,7 +173,7 @@ func newPGFailoverEnv(t *testing.T, synchronous bool) *pgFailoverEnv {
 		}
 		time.Sleep(50 * time.Millisecond) // replication starts on real time
 	}
-	return &pgFailoverEnv{primary: p, standby: s, sync: synchronous, current: p}
+	return &pgFailoverEnv{primary: p, standby: s, replication: repl, sync: synchronous, current: p}
 }
 
 func (p *pgFailoverEnv) url() string {
@@ -190,10 +197,10 @@ func (p *pgFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
 			t.Errorf("a second failover planned")
 			return func() {}
 		}
-		p.standby.Signal(syscall.SIGSTOP)
-		time.Sleep(replicaStall) // the primary runs ahead of its stalled standby
+		p.replication.Blackhole(true)
+		time.Sleep(replicaStall) // the primary runs ahead of its standby
 		p.primary.Crash()
-		p.standby.Signal(syscall.SIGCONT)
+		p.replication.Close() // what it held never arrives
 		p.standby.Promote()
 		p.current = p.standby
 		return func() {}
