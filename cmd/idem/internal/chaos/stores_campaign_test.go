@@ -72,3 +72,11 @@ func TestCampaignPause(t *testing.T) {
 	}
 	requireNoAnomalies(t, res)
 }
+
+// TestCampaignRedisCluster: three proxies on a private Redis Cluster of
+// three masters: proxies killed and stopped, a slow upstream, clients
+// that hang up.
+func TestCampaignRedisCluster(t *testing.T) {
+	c := &campaign{t: t, name: "redis-cluster", seed: campaignSeed(t, 4), dur: campaignDuration(t), store: newClusterEnv(t)}
+	requireNoAnomalies(t, c.run())
+}

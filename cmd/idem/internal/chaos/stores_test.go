@@ -208,3 +208,35 @@ func (p *pgFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
 	t.Errorf("no fault %s here", f.Kind)
 	return func() {}
 }
+
+// clusterEnv is a private Redis Cluster of three masters. The proxies
+// reach it directly: a cluster hands its nodes' own addresses to its
+// clients (MOVED, CLUSTER SLOTS), so a relay would be bypassed. Its nodes
+// run without persistence, so the campaign does not crash them: its
+// faults are the processes', the upstream's and the clients'.
+type clusterEnv struct {
+	c *redisproc.Cluster
+}
+
+func newClusterEnv(t *testing.T) *clusterEnv { return &clusterEnv{c: redisproc.StartCluster(t, 3)} }
+
+func (c *clusterEnv) url() string {
+	addrs := c.c.Addrs()
+	u := "redis+cluster://" + addrs[0]
+	for i, a := range addrs[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + a
+	}
+	return u
+}
+func (c *clusterEnv) proxyStore(int) string { return c.url() }
+func (c *clusterEnv) readStore() string     { return c.url() }
+func (c *clusterEnv) kinds() []FaultKind    { return nil }
+func (c *clusterEnv) durable() bool         { return true }
+func (c *clusterEnv) inject(t *testing.T, f PlannedFault) func() {
+	t.Errorf("the cluster has no fault %s", f.Kind)
+	return func() {}
+}
