@@ -69,6 +69,15 @@ func (r *Relay) Blackhole(on bool) {
 	}
 }
 
+// Retarget sends every new connection to target and drops the current
+// ones: a virtual address moved to another server, as a failover does.
+func (r *Relay) Retarget(target string) {
+	r.mu.Lock()
+	r.target = target
+	r.mu.Unlock()
+	r.Drop()
+}
+
 // Drop closes every connection (FIN to both sides), as a middlebox that
 // forgets its connections would.
 func (r *Relay) Drop() { r.cut(false) }
@@ -144,7 +153,10 @@ func (r *Relay) serve(client net.Conn) {
 		client.Close()
 		return
 	}
-	server, err := net.DialTimeout("tcp", r.target, 5*time.Second)
+	r.mu.Lock()
+	target := r.target
+	r.mu.Unlock()
+	server, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		client.Close() // the store is down: the proxy sees its connection end
 		return

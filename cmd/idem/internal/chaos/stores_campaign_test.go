@@ -80,3 +80,28 @@ func TestCampaignRedisCluster(t *testing.T) {
 	c := &campaign{t: t, name: "redis-cluster", seed: campaignSeed(t, 4), dur: campaignDuration(t), store: newClusterEnv(t)}
 	requireNoAnomalies(t, c.run())
 }
+
+// TestCampaignRedisFailover: a Redis master and its replica, written with
+// wait_replicas=1; halfway through, the replica is detached, the master
+// killed and the replica promoted. What a client was told was on the
+// replica: nothing is lost.
+func TestCampaignRedisFailover(t *testing.T) {
+	dur := campaignDuration(t)
+	c := &campaign{t: t, name: "redis-failover", seed: campaignSeed(t, 9), dur: dur, store: newRedisFailoverEnv(t, true), failoverAt: dur / 2}
+	res := c.run()
+	if res.faults[FaultFailover] != 1 {
+		t.Errorf("%d failovers, want 1", res.faults[FaultFailover])
+	}
+	requireNoAnomalies(t, res)
+}
+
+// TestCampaignRedisAsyncFailover is the README's row "Redis, replica, no
+// wait_replicas": the same failover alone loses what the master
+// acknowledged after the replica was detached, and the checker must find
+// it.
+func TestCampaignRedisAsyncFailover(t *testing.T) {
+	dur := min(campaignDuration(t), 10*time.Second)
+	c := &campaign{t: t, name: "redis-async-failover", seed: campaignSeed(t, 10), dur: dur, store: newRedisFailoverEnv(t, false),
+		failoverAt: dur / 2, onlyFailover: true}
+	requireLosses(t, c.run())
+}

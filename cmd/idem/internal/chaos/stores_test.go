@@ -240,3 +240,67 @@ func (c *clusterEnv) inject(t *testing.T, f PlannedFault) func() {
 	t.Errorf("the cluster has no fault %s", f.Kind)
 	return func() {}
 }
+
+// redisFailoverEnv is a private Redis master with a replica, both with
+// appendfsync always, which the proxies reach through relays that stand
+// for a virtual address. With sync the proxies write with wait_replicas=1.
+// The failover detaches the replica (REPLICAOF NO ONE: what the master
+// writes from then on never reaches it), lets the master run ahead, kills
+// the master, moves the address to the replica and makes the old master,
+// restarted, its replica. A store crash kills whichever is the master and
+// starts it again.
+type redisFailoverEnv struct {
+	relays []*Relay
+	sync   bool
+
+	mu              sync.Mutex
+	master, replica *redisproc.Server
+}
+
+func newRedisFailoverEnv(t *testing.T, synchronous bool) *redisFailoverEnv {
+	aof := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	m, r := redisproc.Start(t, aof...), redisproc.Start(t, aof...)
+	r.ReplicaOf(m)
+	return &redisFailoverEnv{relays: relays(t, m.Addr), sync: synchronous, master: m, replica: r}
+}
+
+func (r *redisFailoverEnv) proxyStore(i int) string {
+	u := "redis://" + r.relays[i].Addr() + "/0"
+	if r.sync {
+		u += "?wait_replicas=1&wait_timeout=500ms"
+	}
+	return u
+}
+
+func (r *redisFailoverEnv) readStore() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return "redis://" + r.master.Addr + "/0"
+}
+func (r *redisFailoverEnv) kinds() []FaultKind { return []FaultKind{FaultStoreCrash} }
+func (r *redisFailoverEnv) durable() bool      { return r.sync }
+func (r *redisFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch f.Kind {
+	case FaultStoreCrash:
+		m := r.master
+		m.Kill()
+		return m.Restart
+	case FaultFailover:
+		old, next := r.master, r.replica
+		next.Promote()           // detached: it receives nothing more
+		time.Sleep(replicaStall) // the master runs ahead
+		old.Kill()
+		for _, rl := range r.relays {
+			rl.Retarget(next.Addr)
+		}
+		r.master, r.replica = next, old
+		return func() {
+			old.Restart()
+			old.ReplicaOf(next)
+		}
+	}
+	t.Errorf("no fault %s here", f.Kind)
+	return func() {}
+}
