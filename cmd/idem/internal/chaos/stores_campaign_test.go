@@ -105,3 +105,27 @@ func TestCampaignRedisAsyncFailover(t *testing.T) {
 		failoverAt: dur / 2, onlyFailover: true}
 	requireLosses(t, c.run())
 }
+
+// TestCampaignRedisClusterFailover: a Redis Cluster with a replica per
+// master, written with wait_replicas=1; halfway through, a master's
+// replica is cut off, the master killed and the replica promoted (CLUSTER
+// FAILOVER TAKEOVER). Nothing a client was told is lost.
+func TestCampaignRedisClusterFailover(t *testing.T) {
+	dur := campaignDuration(t)
+	c := &campaign{t: t, name: "redis-cluster-failover", seed: campaignSeed(t, 11), dur: dur, store: newClusterFailoverEnv(t, true), failoverAt: dur / 2}
+	res := c.run()
+	if res.faults[FaultFailover] != 1 {
+		t.Errorf("%d failovers, want 1", res.faults[FaultFailover])
+	}
+	requireNoAnomalies(t, res)
+}
+
+// TestCampaignRedisClusterAsyncFailover: the same failover alone, without
+// wait_replicas, loses what the master acknowledged after its replica was
+// cut off, and the checker must find it.
+func TestCampaignRedisClusterAsyncFailover(t *testing.T) {
+	dur := min(campaignDuration(t), 10*time.Second)
+	c := &campaign{t: t, name: "redis-cluster-async-failover", seed: campaignSeed(t, 12), dur: dur, store: newClusterFailoverEnv(t, false),
+		failoverAt: dur / 2, onlyFailover: true}
+	requireLosses(t, c.run())
+}

@@ -3,13 +3,17 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/internal/testenv/pgproc"
 	"github.com/idem-dev/idem/internal/testenv/redisproc"
@@ -303,4 +307,67 @@ func (r *redisFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
 	}
 	t.Errorf("no fault %s here", f.Kind)
 	return func() {}
+}
+
+// clusterFailoverEnv is a private Redis Cluster of three masters with a
+// replica each, every node with appendfsync always; with sync the proxies
+// write with wait_replicas=1. The failover cuts the first master's replica
+// off (it is stopped and its link killed, so it cannot take in what the
+// master writes next), lets the master run ahead, kills the master and
+// promotes the replica (CLUSTER FAILOVER TAKEOVER); the old master,
+// restarted, rejoins as its replica.
+type clusterFailoverEnv struct {
+	c    *redisproc.Cluster
+	sync bool
+}
+
+func newClusterFailoverEnv(t *testing.T, synchronous bool) *clusterFailoverEnv {
+	return &clusterFailoverEnv{c: redisproc.StartClusterWithReplicas(t, 3, "--appendonly", "yes", "--appendfsync", "always"), sync: synchronous}
+}
+
+func (c *clusterFailoverEnv) url() string {
+	addrs := append(c.c.Addrs(), c.c.Replicas[0].Addr) // the replica is a master later
+	u := "redis+cluster://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	if c.sync {
+		u += "&wait_replicas=1&wait_timeout=500ms"
+	}
+	return u
+}
+func (c *clusterFailoverEnv) proxyStore(int) string { return c.url() }
+func (c *clusterFailoverEnv) readStore() string     { return c.url() }
+func (c *clusterFailoverEnv) kinds() []FaultKind    { return nil }
+func (c *clusterFailoverEnv) durable() bool         { return c.sync }
+func (c *clusterFailoverEnv) inject(t *testing.T, f PlannedFault) func() {
+	if f.Kind != FaultFailover {
+		t.Errorf("no fault %s here", f.Kind)
+		return func() {}
+	}
+	m, r := c.c.Masters[0], c.c.Replicas[0]
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	r.Signal(syscall.SIGSTOP)
+	mc, rc := redis.NewClient(&redis.Options{Addr: m.Addr}), redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer mc.Close()
+	defer rc.Close()
+	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		t.Errorf("cutting the replica off: %v", err)
+	}
+	time.Sleep(replicaStall) // the master runs ahead
+	m.Kill()
+	r.Signal(syscall.SIGCONT)
+	if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		t.Errorf("promoting the replica: %v", err)
+	}
+	for {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "role:master") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Errorf("the replica never became a master: %v", err)
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the takeover runs on real time
+	}
+	return m.Restart
 }
