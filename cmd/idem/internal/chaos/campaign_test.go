@@ -171,7 +171,7 @@ func (c *campaign) run() result {
 	c.dir = artifactDir(t)
 	c.h = NewHistory()
 	bin := idemBinary(t)
-	c.logf("seed %d, %v of faults; reproduce with -seed %d (logs in %s)", c.seed, c.dur, c.seed, c.dir)
+	c.logf("seed %d, %v of faults, store durable: %v; reproduce with -seed %d (logs in %s)", c.seed, c.dur, c.store.durable(), c.seed, c.dir)
 
 	up := NewUpstream(c.h, c.seed)
 	srv := httptest.NewServer(up)

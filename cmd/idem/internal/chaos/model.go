@@ -18,7 +18,8 @@ import (
 // A client's attempt is not atomic: it reserves the key, the upstream runs,
 // the record is completed. So an attempt that reserved (its answer says so)
 // is two operations over its whole interval, a reserve and a finish, and
-// the model only lets an attempt finish after its own reserve. The
+// what the finish reports (the attempt's own execution) needs that
+// reserve. The
 // upstream's executions are operations too, each naming its attempt (the
 // AttemptHeader): an execution is legal only while its attempt holds the
 // lease and nothing was applied yet. Between operations the record may move
@@ -34,7 +35,9 @@ import (
 // outcome-unknown once a completion was replayed; 422 key-reused before
 // the other body reserved the key. An execution takes effect at one point
 // of its interval, so an execution that overlaps a void one is left to the
-// direct check (checkKey).
+// direct check (checkKey). The model is the durable contract: a record
+// never disappears, so a store that loses one shows as a history it
+// rejects.
 
 // recState is the record's state in the model; "" is no record.
 type recState string

@@ -129,3 +129,22 @@ func TestCampaignRedisClusterAsyncFailover(t *testing.T) {
 		failoverAt: dur / 2, onlyFailover: true}
 	requireLosses(t, c.run())
 }
+
+// TestCampaignRedisNoPersistence is the README's row "Redis, no
+// persistence": the store crashed and restarted, alone, forgets every
+// record, and the checker must find the answers lost and the keys run
+// again.
+func TestCampaignRedisNoPersistence(t *testing.T) {
+	c := &campaign{t: t, name: "redis-no-persistence", seed: campaignSeed(t, 13), dur: min(campaignDuration(t), 10*time.Second),
+		store: newVolatileRedisEnv(t), kinds: []FaultKind{FaultStoreCrash}}
+	requireLosses(t, c.run())
+}
+
+// TestCampaignPostgresAsyncCommit is the README's row "PostgreSQL,
+// synchronous_commit=off": server crashes alone lose the commits the WAL
+// writer had not written, and the checker must find them.
+func TestCampaignPostgresAsyncCommit(t *testing.T) {
+	c := &campaign{t: t, name: "postgres-async-commit", seed: campaignSeed(t, 14), dur: min(campaignDuration(t), 10*time.Second),
+		store: newAsyncCommitPGEnv(t), kinds: []FaultKind{FaultStoreCrash}}
+	requireLosses(t, c.run())
+}

@@ -76,8 +76,9 @@ func (s *sqliteEnv) inject(t *testing.T, f PlannedFault) func() {
 // redisEnv is a private redis-server with the append-only file fsynced on
 // every write (appendfsync always), reached by each proxy through a relay.
 type redisEnv struct {
-	srv    *redisproc.Server
-	relays []*Relay
+	srv      *redisproc.Server
+	relays   []*Relay
+	volatile bool
 }
 
 func newRedisEnv(t *testing.T) *redisEnv {
@@ -85,10 +86,17 @@ func newRedisEnv(t *testing.T) *redisEnv {
 	return &redisEnv{srv: srv, relays: relays(t, srv.Addr)}
 }
 
+// newVolatileRedisEnv is a redisEnv without persistence (--save ""
+// --appendonly no): a crash forgets every record.
+func newVolatileRedisEnv(t *testing.T) *redisEnv {
+	srv := redisproc.Start(t)
+	return &redisEnv{srv: srv, relays: relays(t, srv.Addr), volatile: true}
+}
+
 func (r *redisEnv) proxyStore(i int) string { return "redis://" + r.relays[i].Addr() + "/0" }
 func (r *redisEnv) readStore() string       { return "redis://" + r.srv.Addr + "/0" }
 func (r *redisEnv) kinds() []FaultKind      { return append([]FaultKind{FaultStoreCrash}, linkKinds...) }
-func (r *redisEnv) durable() bool           { return true }
+func (r *redisEnv) durable() bool           { return !r.volatile }
 func (r *redisEnv) link(i int) *Relay       { return r.relays[i] }
 func (r *redisEnv) inject(t *testing.T, f PlannedFault) func() {
 	if f.Kind == FaultStoreCrash {
@@ -101,8 +109,9 @@ func (r *redisEnv) inject(t *testing.T, f PlannedFault) func() {
 // pgEnv is a private PostgreSQL primary, reached by each proxy through a
 // relay; crashed with pg_ctl stop -m immediate.
 type pgEnv struct {
-	c      *pgproc.Cluster
-	relays []*Relay
+	c        *pgproc.Cluster
+	relays   []*Relay
+	volatile bool
 }
 
 func newPGEnv(t *testing.T) *pgEnv {
@@ -110,12 +119,21 @@ func newPGEnv(t *testing.T) *pgEnv {
 	return &pgEnv{c: c, relays: relays(t, fmt.Sprintf("127.0.0.1:%d", c.Port))}
 }
 
+// newAsyncCommitPGEnv is a pgEnv with synchronous_commit=off, its WAL
+// writer held back (as TestDurabilityPostgresAsyncCommit does) so that a
+// crash loses the commits it had not written.
+func newAsyncCommitPGEnv(t *testing.T) *pgEnv {
+	c := pgproc.Start(t, "synchronous_commit = off", "wal_writer_delay = 10s", "wal_writer_flush_after = 1GB",
+		"bgwriter_lru_maxpages = 0", "autovacuum = off", "checkpoint_timeout = 1h", "max_wal_size = 1GB")
+	return &pgEnv{c: c, relays: relays(t, fmt.Sprintf("127.0.0.1:%d", c.Port)), volatile: true}
+}
+
 func (p *pgEnv) proxyStore(i int) string {
 	return "postgres://postgres@" + p.relays[i].Addr() + "/postgres?sslmode=disable&pool_max_conns=4"
 }
 func (p *pgEnv) readStore() string  { return p.c.URL }
 func (p *pgEnv) kinds() []FaultKind { return append([]FaultKind{FaultStoreCrash}, linkKinds...) }
-func (p *pgEnv) durable() bool      { return true }
+func (p *pgEnv) durable() bool      { return !p.volatile }
 func (p *pgEnv) link(i int) *Relay  { return p.relays[i] }
 func (p *pgEnv) inject(t *testing.T, f PlannedFault) func() {
 	if f.Kind == FaultStoreCrash {
