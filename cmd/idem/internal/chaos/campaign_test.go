@@ -416,7 +416,7 @@ func (c *campaign) readFinals() {
 		case err != nil:
 			t.Fatalf("reading the record of %s: %v", k, err)
 		default:
-			f := Final{State: string(rec.State), Body: rec.Fingerprint}
+			f := Final{State: string(rec.State), Fingerprint: rec.Fingerprint}
 			if rec.Response != nil {
 				var ans answerBody
 				if json.Unmarshal(rec.Response.Body, &ans) == nil {

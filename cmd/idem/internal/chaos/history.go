@@ -157,7 +157,8 @@ func (l *Lookup) String() string {
 type Final struct {
 	// State is the record's state; "" when there is no record.
 	State string `json:"state"`
-	Body  string `json:"body,omitempty"`
+	// Fingerprint is the record's request fingerprint.
+	Fingerprint string `json:"fingerprint,omitempty"`
 	// Exec is the execution id in the stored response.
 	Exec string `json:"exec,omitempty"`
 }
