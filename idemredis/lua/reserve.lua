@@ -45,9 +45,22 @@ if not r then
   return 1
 end
 
-if r.state == 'completed' or r.state == 'unknown'
-    or (r.state == 'in_progress' and not lease_expired(r, now)) then
-  -- A replay, or a key in use: nothing to write.
+if r.state == 'in_progress' and not lease_expired(r, now) then
+  -- A key in use: nothing to write. Unless the lease is this very
+  -- attempt's: its reservation ran, the reply was lost and the client sent
+  -- the call again (go-redis retries a command whose connection broke). The
+  -- attempt holds the key, as the first reply would have said.
+  local full = r
+  if stored then
+    full = decode(stored)
+  end
+  if full.token == decode(ARGV[2]).token then
+    return {1, stored or encode(full)}
+  end
+  return stored or encode(r)
+end
+if r.state == 'completed' or r.state == 'unknown' then
+  -- A replay, or an outcome to reconcile: nothing to write.
   return stored or encode(r)
 end
 if stored then

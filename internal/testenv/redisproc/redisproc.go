@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,6 +135,20 @@ func (s *Server) Kill() {
 	<-s.done
 }
 
+// Signal sends sig to the server (SIGSTOP: a stalled server, SIGCONT: it
+// goes on). It does nothing when the server is not running.
+func (s *Server) Signal(sig os.Signal) error {
+	if s.cmd == nil {
+		return nil
+	}
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Restart starts the server again, after Kill, on the same port, directory
 // and arguments: what it persisted, it reads back.
 func (s *Server) Restart() {
@@ -150,11 +165,15 @@ func (s *Server) Client() *redis.Client {
 	return c
 }
 
-// Cluster is a Redis Cluster of masters without replicas.
+// Cluster is a Redis Cluster: masters, and with StartClusterWithReplicas
+// one replica of each.
 type Cluster struct {
 	// Masters are its nodes, in the order of the slot ranges they were
 	// given at creation.
 	Masters []*Server
+	// Replicas[i] is the replica of Masters[i], when the cluster has
+	// replicas.
+	Replicas []*Server
 }
 
 // Addrs returns the masters' addresses.
@@ -171,22 +190,41 @@ func (c *Cluster) Addrs() []string {
 // node reports cluster_state:ok.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return startCluster(t, n, false, nil)
+}
+
+// StartClusterWithReplicas starts a cluster of n masters with one replica
+// each (redis-cli --cluster create --cluster-replicas 1), every node with
+// the extra arguments (e.g. an append-only file), and waits until every
+// node reports cluster_state:ok and every replica's link to its master is
+// up.
+func StartClusterWithReplicas(t testing.TB, n int, extra ...string) *Cluster {
+	t.Helper()
+	return startCluster(t, n, true, extra)
+}
+
+func startCluster(t testing.TB, n int, replicas bool, extra []string) *Cluster {
+	t.Helper()
 	lookPath(t, "redis-server")
 	lookPath(t, "redis-cli")
 	dir := t.TempDir()
-	c := &Cluster{}
-	for range n {
+	nodes := n
+	if replicas {
+		nodes = 2 * n
+	}
+	var all []*Server
+	for range nodes {
 		var s *Server
 		for attempt := 0; ; attempt++ {
 			port, err := freePort(true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err = start(t, dir, port, []string{
+			s, err = start(t, dir, port, append([]string{
 				"--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
 				"--cluster-node-timeout", "5000",
-			})
+			}, extra...))
 			if err == nil {
 				break
 			}
@@ -194,27 +232,109 @@ func StartCluster(t testing.TB, n int) *Cluster {
 				t.Fatal(err)
 			}
 		}
-		c.Masters = append(c.Masters, s)
+		all = append(all, s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := []string{"--cluster", "create"}
+	for _, s := range all {
+		args = append(args, s.Addr)
+	}
+	perMaster := "0"
+	if replicas {
+		perMaster = "1"
+	}
+	args = append(args, "--cluster-replicas", perMaster, "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	for _, m := range c.Masters {
-		client := redis.NewClient(&redis.Options{Addr: m.Addr})
+	for _, s := range all {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
 		err := poll(ctx, func() bool {
 			info, err := client.ClusterInfo(ctx).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})
 		client.Close()
 		if err != nil {
-			t.Fatalf("cluster node %s never reported cluster_state:ok: %v", m.Addr, err)
+			t.Fatalf("cluster node %s never reported cluster_state:ok: %v", s.Addr, err)
+		}
+	}
+	if !replicas {
+		return &Cluster{Masters: all}
+	}
+	c, err := clusterRoles(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.Replicas {
+		client := redis.NewClient(&redis.Options{Addr: r.Addr})
+		err := poll(ctx, func() bool {
+			info, err := client.Info(ctx, "replication").Result()
+			return err == nil && strings.Contains(info, "master_link_status:up")
+		})
+		client.Close()
+		if err != nil {
+			t.Fatalf("replica %s never synced: %v", r.Addr, err)
 		}
 	}
 	return c
+}
+
+// clusterRoles sorts the nodes of a new cluster into its masters, in the
+// order of their slots, and the replica of each, as each node tells its
+// own role (INFO replication) and slots (CLUSTER NODES, its "myself" line).
+func clusterRoles(ctx context.Context, all []*Server) (*Cluster, error) {
+	byPort := make(map[string]*Server, len(all))
+	for _, s := range all {
+		_, port, _ := net.SplitHostPort(s.Addr)
+		byPort[port] = s
+	}
+	firstSlot := make(map[*Server]int)
+	masterOf := make(map[*Server]*Server) // replica -> master
+	for _, s := range all {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
+		info, err := client.Info(ctx, "replication").Result()
+		var nodes string
+		if err == nil {
+			nodes, err = client.ClusterNodes(ctx).Result()
+		}
+		client.Close()
+		if err != nil {
+			return nil, err
+		}
+		if strings.Contains(info, "role:master") {
+			for _, line := range strings.Split(nodes, "\n") {
+				f := strings.Fields(line)
+				if len(f) > 8 && strings.Contains(f[2], "myself") {
+					lo, _, _ := strings.Cut(f[8], "-")
+					firstSlot[s], _ = strconv.Atoi(lo)
+				}
+			}
+			continue
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if port, ok := strings.CutPrefix(strings.TrimSpace(line), "master_port:"); ok {
+				masterOf[s] = byPort[port]
+			}
+		}
+	}
+	c := &Cluster{}
+	for m := range firstSlot {
+		c.Masters = append(c.Masters, m)
+	}
+	sort.Slice(c.Masters, func(i, j int) bool { return firstSlot[c.Masters[i]] < firstSlot[c.Masters[j]] })
+	for _, m := range c.Masters {
+		for r, rm := range masterOf {
+			if rm == m {
+				c.Replicas = append(c.Replicas, r)
+			}
+		}
+	}
+	if len(c.Masters) != len(c.Replicas) || len(c.Masters)+len(c.Replicas) != len(all) {
+		return nil, fmt.Errorf("the cluster's roles are not one replica a master: %d masters, %d replicas of %d nodes",
+			len(c.Masters), len(c.Replicas), len(all))
+	}
+	return c, nil
 }
 
 // StartSentinel starts a Sentinel that monitors the master at masterAddr

@@ -1,0 +1,242 @@
+//go:build linux
+
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	// binDir holds the idem command built for this run (idemBinary).
+	binDir    string
+	buildOnce sync.Once
+	buildErr  error
+	helpOnce  sync.Once
+	helpText  string
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	dir, err := os.MkdirTemp("", "idem-chaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// raceEnabled reports whether this test binary was built with -race.
+func raceEnabled() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// idemBinary builds ./cmd/idem once per run, with -race when the tests
+// are, and returns its path.
+func idemBinary(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(binDir, "idem")
+	buildOnce.Do(func() {
+		goTool, err := exec.LookPath("go")
+		if err != nil {
+			goTool = "/usr/local/go/bin/go" // where this machine's Go lives
+		}
+		args := []string{"build", "-o", out}
+		if raceEnabled() {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command(goTool, append(args, "github.com/idem-dev/idem/cmd/idem")...)
+		if output, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, output)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return out
+}
+
+// proxyHasFlag reports whether `idem proxy --help` lists the flag: the
+// campaign uses flags of later versions only when the binary has them.
+func proxyHasFlag(t *testing.T, flag string) bool {
+	t.Helper()
+	helpOnce.Do(func() {
+		out, _ := exec.Command(idemBinary(t), "proxy", "--help").CombinedOutput()
+		helpText = string(out)
+	})
+	return strings.Contains(helpText, "-"+flag+" ")
+}
+
+// cleanEnviron is the test's environment without IDEM_* variables, which
+// would configure the processes behind the test's back.
+func cleanEnviron() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEM_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// proc is a server process the campaign kills, stops and restarts: it
+// listens on the same port every time, its output appended to one log.
+type proc struct {
+	t    *testing.T
+	name string
+	argv []string // the program and its arguments, without --listen
+	env  []string
+	port int
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func newProc(t *testing.T, name, logPath string, env []string, argv ...string) *proc {
+	p := &proc{t: t, name: name, argv: argv, env: env, port: freePort(t), log: logPath}
+	t.Cleanup(p.kill)
+	return p
+}
+
+// URL is the process's base URL.
+func (p *proc) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) }
+
+// start starts the process and waits until it accepts connections. A
+// process that exits first (its store is down at start) is started again
+// until the deadline.
+func (p *proc) start(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := p.startOnce(deadline)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond) // the store comes back on real time
+	}
+}
+
+func (p *proc) startOnce(deadline time.Time) error {
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "---- %s: starting %s\n", time.Now().Format("15:04:05.000"), p.name)
+	args := append(append([]string(nil), p.argv[1:]...), "--listen", "127.0.0.1:"+strconv.Itoa(p.port))
+	cmd := exec.Command(p.argv[0], args...)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+	for {
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.port), time.Second)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("%s exited at start (see %s)", p.name, p.log)
+		case <-time.After(20 * time.Millisecond): // the process starts on real time
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return fmt.Errorf("%s did not listen on port %d in time (see %s)", p.name, p.port, p.log)
+		}
+	}
+}
+
+// kill sends SIGKILL (after SIGCONT, so a stopped process dies too) and
+// waits until the process is gone.
+func (p *proc) kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Process.Signal(syscall.SIGCONT)
+	<-done
+}
+
+// signal sends sig to the running process.
+func (p *proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return errors.New("not started")
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// running reports whether the process is alive.
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// output returns the process's log.
+func (p *proc) output() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
