@@ -127,6 +127,19 @@ func TestCheckAcceptsContract(t *testing.T) {
 			lookup(400, 201, "x1").
 			attempt(3, 1, "a", 500, 510, OutcomeReplayed, "x1").
 			final("completed", "x1")},
+		{"a paused proxy gives its lease up unsent, the retry runs once", newBuilder().
+			attempt(1, 1, "a", 0, 9000, OutcomeLeaseLost, "").
+			attempt(2, 1, "a", 9100, 9200, OutcomeExecuted, "x1").
+			exec("x1", 2, "a", 9110, 9190, 201).
+			attempt(3, 1, "a", 9300, 9310, OutcomeReplayed, "x1").
+			final("completed", "x1")},
+		{"a lease given up while the request was on its way: unknown, then looked up", newBuilder().
+			attempt(1, 1, "a", 0, 500, OutcomeLeaseLost, "").
+			exec("x1", 1, "a", 100, 400, 201).
+			attempt(2, 1, "a", 600, 610, OutcomeUnknown, "").
+			lookup(700, 201, "x1").
+			attempt(3, 1, "a", 800, 810, OutcomeReplayed, "x1").
+			final("completed", "x1")},
 		{"two bodies race: one reserves, the other is told reused", newBuilder().
 			attempt(1, 1, "a", 0, 100, OutcomeExecuted, "x1").
 			attempt(2, 2, "b", 0, 20, OutcomeReused, "").
@@ -167,6 +180,13 @@ func TestCheckFindsAnomalies(t *testing.T) {
 			exec("x1", 4, "a", 4010, 4090, 201).
 			exec("x2", 1, "a", 6000, 6100, 201). // the stopped proxy resumed
 			attempt(5, 2, "a", 7000, 7010, OutcomeReplayed, "x1").
+			final("completed", "x1"),
+			[]string{KindDoubleExecution, KindNotLinearizable}},
+		{"a lease given up unsent, yet the stale attempt executes after the retry", newBuilder().
+			attempt(1, 1, "a", 0, 9000, OutcomeLeaseLost, "").
+			attempt(2, 1, "a", 9100, 9200, OutcomeExecuted, "x1").
+			exec("x1", 2, "a", 9110, 9190, 201).
+			exec("x2", 1, "a", 9500, 9600, 201).
 			final("completed", "x1"),
 			[]string{KindDoubleExecution, KindNotLinearizable}},
 		// The model takes an execution at one point of its interval, so

@@ -30,6 +30,10 @@ const (
 	OutcomeReused Outcome = "reused"
 	// OutcomeUnavailable is 503 store-unavailable: the proxy failed closed.
 	OutcomeUnavailable Outcome = "unavailable"
+	// OutcomeLeaseLost is 503 lease-lost: the attempt reserved the key,
+	// then gave up its lease (it was paused, or cut off from its store)
+	// before its request left, or while it was on its way.
+	OutcomeLeaseLost Outcome = "lease-lost"
 	// OutcomeGateway is the proxy's own 502 or 504: the upstream exchange
 	// failed; the key is released (never sent) or unknown.
 	OutcomeGateway Outcome = "gateway"

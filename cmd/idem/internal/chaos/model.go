@@ -37,7 +37,8 @@ import (
 // of its interval, so an execution that overlaps a void one is left to the
 // direct check (checkKey). The model is the durable contract: a record
 // never disappears, so a store that loses one shows as a history it
-// rejects.
+// rejects, but for the one an attempt drops when it gave up its lease
+// before its request left (503 lease-lost).
 
 // recState is the record's state in the model; "" is no record.
 type recState string
@@ -180,6 +181,20 @@ func step(s keyState, in modelInput, out modelOutput) []keyState {
 				u.rec, r.rec = recUnknown, recReleased
 				if s.applied == "" {
 					return []keyState{s, u, r}
+				}
+				return []keyState{s, u}
+			}
+			return []keyState{s}
+		case OutcomeLeaseLost:
+			// 503 lease-lost: the attempt gave up its lease. Its request
+			// never left: the record is dropped (idem.Reject) while it is
+			// still the attempt's; or it may have left: the outcome is
+			// marked unknown.
+			if held && s.rec == recInProgress {
+				u := s
+				u.rec = recUnknown
+				if s.applied == "" {
+					return []keyState{s, u, {}}
 				}
 				return []keyState{s, u}
 			}
@@ -335,7 +350,7 @@ func operations(kh *keyHistory, begin time.Time) []porcupine.Operation {
 			ops = append(ops, porcupine.Operation{ClientId: client(a.Worker), Input: in, Call: at(a.Call), Output: out, Return: ret})
 		}
 		switch a.Outcome {
-		case OutcomeExecuted, OutcomeFailed, OutcomeGateway:
+		case OutcomeExecuted, OutcomeFailed, OutcomeGateway, OutcomeLeaseLost:
 			add(opReserve)
 			add(opFinish)
 		case OutcomeReplayed, OutcomeInUse, OutcomeUnknown, OutcomeReused:

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/proxy"
 )
 
 // Path is where the clients send their operations.
@@ -276,6 +277,8 @@ func classify(resp *http.Response, b []byte) Attempt {
 			out.Outcome = OutcomeReused
 		case resp.StatusCode == http.StatusServiceUnavailable && p.Code == idem.CodeStoreUnavailable:
 			out.Outcome = OutcomeUnavailable
+		case resp.StatusCode == http.StatusServiceUnavailable && p.Code == proxy.CodeLeaseLost:
+			out.Outcome = OutcomeLeaseLost
 		case (resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout) &&
 			strings.HasPrefix(p.Code, "upstream-"):
 			out.Outcome = OutcomeGateway
