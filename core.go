@@ -45,7 +45,15 @@ func newCore(store idemstore.Store, c *Config) *core {
 	}
 	// Seals responses with the keyring, and without one refuses sealed
 	// records rather than replaying ciphertext.
-	store = idemcrypt.NewWithConfig(store, &idemcrypt.Config{Keyring: cfg.Keyring, Required: cfg.EncryptionRequired})
+	if !offCrypt || cfg.Keyring != nil || cfg.EncryptionRequired {
+		store = idemcrypt.NewWithConfig(store, &idemcrypt.Config{Keyring: cfg.Keyring, Required: cfg.EncryptionRequired})
+	}
+	if offMetrics {
+		cfg.Metrics = nopMetrics{}
+	}
+	if offLogging {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
 	co.clock, co.alarms = deadline.WallClock, deadline.Wall
 	if cfg.Clock != nil {
@@ -240,8 +248,10 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
 	a.token = newToken()
-	ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
-	defer a.ops.Disarm()
+	if !offDeadlines {
+		ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		defer a.ops.Disarm()
+	}
 	ctx, end := c.span(ctx, "idem.reserve")
 	start := c.clockStart()
 	defer func() {
@@ -287,7 +297,9 @@ func (c *core) unknownRetryAfter() int {
 func (a *attempt) begin(ctx context.Context, rec *idemstore.Record) context.Context {
 	a.execution = new(execution)
 	a.reserved = rec
-	a.renewer.start(a)
+	if !offHeartbeat {
+		a.renewer.start(a)
+	}
 	a.recoveryPoint = rec.RecoveryPoint
 	a.hctx = attemptCtx{Context: ctx, a: a}
 	var fctx context.Context = &a.hctx
@@ -382,8 +394,13 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 // from ctx's cancellation: a client that hangs up does not stop it. It
 // logs a failure and returns it.
 func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
-	sctx := a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
-	defer a.ops.Disarm()
+	var sctx context.Context
+	if offDeadlines {
+		sctx = context.WithoutCancel(ctx)
+	} else {
+		sctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		defer a.ops.Disarm()
+	}
 	sctx, end := c.span(sctx, "idem.complete")
 	start := c.clockStart()
 	err := f(sctx)

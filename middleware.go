@@ -120,7 +120,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
 		label: m.metricsEndpoint(r),
 	}
-	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint)
+	contentType := r.Header.Get("Content-Type")
+	if offCanonical {
+		contentType = "application/octet-stream" // hashed as raw bytes
+	}
+	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, contentType, scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
 		span.SetAttribute("idem.endpoint", endpoint)
