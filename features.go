@@ -15,4 +15,5 @@ const (
 	offRecorder  = false
 	offCrypt     = false
 	offDeadlines = false
+	offBodyRead  = false
 )

@@ -34,6 +34,10 @@ var (
 	// deadlines: store calls run without Config.StoreTimeout (a store
 	// that hangs holds the request).
 	offDeadlines = benchOff("deadlines")
+	// bodytimeout: the body is read without Config.BodyTimeout's read
+	// deadline on the connection (a client that trickles its body holds
+	// the request).
+	offBodyRead = benchOff("bodytimeout")
 )
 
 func benchOff(feature string) bool {

@@ -306,6 +306,9 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
+	if offBodyRead {
+		return readBody(r, m.cfg.MaxBody)
+	}
 	rc := http.NewResponseController(w)
 	// The wall clock, not Config.Clock: the deadline is the connection's.
 	if rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)) == nil {
