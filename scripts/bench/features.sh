@@ -15,10 +15,14 @@
 #                 operation (GNU time), garbage collection on other threads
 #                 included; less that of a 1-iteration run.
 #   instructions  instructions executed per operation, counted by valgrind's
-#                 callgrind (all threads; GC included), less those of a
-#                 1-iteration run: deterministic to within about 1 %, so it
-#                 shows a feature's cost on a machine too loaded for timing.
-#                 The binary is built without cgo and runs with
+#                 callgrind (all threads), less those of a 1-iteration run,
+#                 with the garbage collector off (GOGC=off: whether a run
+#                 holds one collection more or less would move the count by
+#                 more than a feature costs; allocs/op and B/op show what
+#                 the collector would have to do) and one processor
+#                 (GOMAXPROCS=1: an idle processor's search for work would
+#                 count too): deterministic to about 0.5 %, so it shows a
+#                 feature's cost on a machine too loaded for timing. The binary is built without cgo and runs with
 #                 GODEBUG=asyncpreemptoff=1, which valgrind needs; about 50
 #                 times slower than a normal run.
 #
@@ -53,7 +57,7 @@ cost() {
 		rm -f "$bin.out.bench"
 		;;
 	instructions)
-		IDEM_BENCH_OFF=$1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+		IDEM_BENCH_OFF=$1 GOMAXPROCS=1 GOGC=off GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 			"$bin" -test.run '^$' -test.bench "$bench" -test.benchtime "$2x" -test.benchmem >"$bin.out" 2>&1
 		;;
 	esac
