@@ -92,9 +92,9 @@ func (c *canonicalizer) value(depth int) bool {
 	}
 	switch b := c.src[c.i]; {
 	case b == '{':
-		return depth < maxDepth && c.object(depth + 1)
+		return depth < maxDepth && c.object(depth+1)
 	case b == '[':
-		return depth < maxDepth && c.array(depth + 1)
+		return depth < maxDepth && c.array(depth+1)
 	case b == '"':
 		return c.string(false)
 	case b == '-' || '0' <= b && b <= '9':
