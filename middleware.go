@@ -297,7 +297,6 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 	}
 }
 
-// readBody reads at most limit bytes of the request body.
 // readBody reads the request body within Config.BodyTimeout: a read
 // deadline on the connection, lifted once the body is in so the handler's
 // own reading (none: it gets the buffered body) and the next request on the
@@ -306,19 +305,25 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
-	if offBodyRead {
-		return readBody(r, m.cfg.MaxBody)
-	}
-	rc := http.NewResponseController(w)
 	// The wall clock, not Config.Clock: the deadline is the connection's.
-	if rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)) == nil {
-		defer func() {
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				_ = rc.SetReadDeadline(time.Time{})
-			}
-		}()
+	if offBodyRead || setReadDeadline(w, time.Now().Add(m.cfg.BodyTimeout)) != nil {
+		return readBody(r, m.cfg.MaxBody) // the writer cannot bound the read
 	}
-	return readBody(r, m.cfg.MaxBody)
+	body, tooLarge, err = readBody(r, m.cfg.MaxBody)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		_ = setReadDeadline(w, time.Time{})
+	}
+	return body, tooLarge, err
+}
+
+// setReadDeadline is http.ResponseController's SetReadDeadline without its
+// allocation when w is net/http's own writer (or another that has the
+// method); a wrapper is unwrapped by a ResponseController as usual.
+func setReadDeadline(w http.ResponseWriter, t time.Time) error {
+	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		return d.SetReadDeadline(t)
+	}
+	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
