@@ -41,9 +41,17 @@
 # the script creates and drops) and application_name=TAG_peer, by which the
 # store's CPU is found as for idem.
 #
+# PG_FLOOR=1 (with postgres in STORES) also measures, in every round after
+# the new-key runs, the floor under a PostgreSQL new key: pgbench (prepared
+# statements, CONNECTIONS clients, DURATION) sending the two single-row
+# statements a new key needs, an INSERT of a record and an UPDATE of it by
+# its primary key, each its own commit, on a table of idem's columns with
+# only the primary key; the PostgreSQL backends' CPU per pair, found by
+# application_name as for the proxies, is compared with idem's per new key.
+#
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
-#   PEER_CMD  PEER_STORES
+#   PEER_CMD  PEER_STORES  PG_FLOOR
 #   BASELINES="bare bare-default"
 #   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT and the ports after it, one per target)
 #   SQLITE_SYNC=FULL (or NORMAL)  WORKDIR (default: a new directory under
@@ -66,6 +74,7 @@ CONNECTIONS=${CONNECTIONS:-16}
 PORT=${PORT:-18900}
 SQLITE_SYNC=${SQLITE_SYNC:-FULL}
 PEER_CMD=${PEER_CMD:-}
+PG_FLOOR=${PG_FLOOR:-}
 if [ -z "${PEER_STORES+set}" ]; then
 	PEER_STORES=
 	for s in $STORES; do case $s in memory | redis | postgres) PEER_STORES="$PEER_STORES $s" ;; esac; done
@@ -95,7 +104,8 @@ cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	if [[ " $STORES $PEER_STORES " == *" postgres"* ]]; then
-		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_peer CASCADE" >/dev/null 2>&1 || true
+		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_peer CASCADE" \
+			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" >/dev/null 2>&1 || true
 	fi
 	if [[ " $STORES $PEER_STORES " == *" redis "* ]]; then
 		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
@@ -236,6 +246,7 @@ store_pids() {
 	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
 	postgres-async) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_async'" ;;
 	redis | peer-redis) echo "$redis_pid" ;;
+	floor) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_floor'" ;;
 	peer-postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_peer'" ;;
 	esac
 }
@@ -305,11 +316,63 @@ for target in "${targets[@]}"; do
 done
 
 log "$ROUNDS rounds of $DURATION per target and shape; per run: shape target round req/s p50_us p99_us proxy_cpu_us store_cpu_us errors non2xx"
+# The floor's table and pgbench script (PG_FLOOR).
+floors=$work/floors
+if [ -n "$PG_FLOOR" ] && [[ " $STORES " == *" postgres "* ]]; then
+	psql -q "$PG_URL" -c "CREATE SCHEMA ${TAG}_floor" -c "CREATE TABLE ${TAG}_floor.keys (
+		scope text COLLATE \"C\" NOT NULL, endpoint text COLLATE \"C\" NOT NULL, key text COLLATE \"C\" NOT NULL,
+		fingerprint text NOT NULL, state text NOT NULL, token text NOT NULL, locked_until timestamptz NOT NULL,
+		started_at timestamptz NOT NULL, lease_expired_state text NOT NULL, response_status integer,
+		response_header jsonb, response_body bytea, not_replayable boolean NOT NULL DEFAULT false,
+		recovery_point text NOT NULL DEFAULT '', attempts integer NOT NULL DEFAULT 1,
+		created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+		waiters boolean NOT NULL DEFAULT false, ttl interval, reconcile_after timestamptz,
+		reconcile_attempts integer NOT NULL DEFAULT 0, reconcile_error text NOT NULL DEFAULT '',
+		PRIMARY KEY (scope, endpoint, key))" >/dev/null
+	cat >"$work/floor.sql" <<SQL
+\\set k random(1, 9000000000000000)
+INSERT INTO ${TAG}_floor.keys (scope, endpoint, key, fingerprint, state, token, locked_until, started_at,
+	lease_expired_state, attempts, created_at, updated_at, expires_at, ttl)
+	VALUES ('', 'POST /v1/payments', 'k-' || :k, '9f2c4e7b1a3d5f6e8c0b2a4d6f8e1c3b5a7d9f0e2c4b6a8d1f3e5c7b9a0d2f4e', 'in_progress',
+	'5f0c2a7e9b1d3f6a8c4e0b2d7f9a1c3e', now() + interval '30 seconds', now(), 'unknown', 1, now(), now(),
+	now() + interval '24 hours', interval '24 hours');
+UPDATE ${TAG}_floor.keys SET state = 'completed', response_status = 201,
+	response_header = '{"Content-Type": ["application/json"]}',
+	response_body = '{"method":"POST","path":"/v1/payments","body":{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}}'::bytea,
+	updated_at = now()
+	WHERE scope = '' AND endpoint = 'POST /v1/payments' AND key = 'k-' || :k;
+SQL
+fi
+
+# floor ROUND: one pgbench run of the floor; appends "round pairs/s
+# cpu_us_per_pair" to $floors.
+floor() {
+	local s0 s1 out pairs
+	# shellcheck disable=SC2046
+	s0=$(ticks $(store_pids floor))
+	PGAPPNAME=${TAG}_floor pgbench -n -M prepared -c "$CONNECTIONS" -j "$THREADS" -T "${DURATION%s}" \
+		-f "$work/floor.sql" "$PG_URL" >"$work/floor.out" 2>&1 &
+	local bench=$! samples=$work/samples
+	: >"$samples"
+	sample_store floor "$samples" &
+	local sampler=$!
+	wait "$bench" || true
+	kill "$sampler"
+	wait "$sampler" 2>/dev/null || true
+	s1=$(cat "$samples")
+	pairs=$(awk -F': ' '/^number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$work/floor.out")
+	awk -v r="$1" -v pairs="$pairs" -v st="$(cpu_delta "$s0" "$s1")" -v hz="$hz" \
+		'/^tps = / { printf "%s %.0f %.1f\n", r, $3, st * 1e6 / hz / pairs }' "$work/floor.out" | tee -a "$floors" >&2
+}
+
 for round in $(seq 1 "$ROUNDS"); do
 	for shape in $SHAPES; do
 		for target in "${targets[@]}"; do
 			measure "$shape" "$target" "$round"
 		done
+		if [ "$shape" = new ] && [ -s "$work/floor.sql" ]; then
+			floor "$round"
+		fi
 	done
 done
 
@@ -390,3 +453,13 @@ END {
 			(k in scm) ? sprintf("%.2f", scm[k] / baredcpu[shape]) : "–"
 	}
 }' "$results"
+
+if [ -s "$floors" ]; then
+	echo
+	echo "The floor under a PostgreSQL new key (pgbench, each statement its own commit) against idem's PostgreSQL CPU per new key:"
+	echo
+	echo "| round | floor pairs/s | floor PostgreSQL CPU per pair | idem's PostgreSQL CPU per new key | idem / floor |"
+	echo "|---|---|---|---|---|"
+	awk 'NR == FNR { if ($1 == "new" && $2 == "postgres") idem[$3] = $8; next }
+		{ printf "| %s | %s | %.0f µs | %.0f µs | %.2f |\n", $1, $2, $3, idem[$1], idem[$1] / $3 }' "$results" "$floors"
+fi
