@@ -232,7 +232,8 @@ ticks() {
 	for pid in "$@"; do
 		[ -r "/proc/$pid/stat" ] || continue
 		# Fields after "PID (comm) ": utime and stime are the 12th and 13th.
-		sed 's/^.*) //' "/proc/$pid/stat" | awk -v pid="$pid" '{ print pid, $12 + $13 }'
+		# (a process may end between the test and the read)
+		{ sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null || true; } | awk -v pid="$pid" 'NF { print pid, $12 + $13 }'
 	done
 }
 
@@ -296,7 +297,7 @@ measure() {
 		sampler=$!
 	fi
 	out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape")
-	[ -z "$sampler" ] || { kill "$sampler"; wait "$sampler" 2>/dev/null || true; }
+	[ -z "$sampler" ] || { kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; }
 	sp=$(store_pids "$target")
 	# shellcheck disable=SC2086
 	p1=$(ticks "$pp") s1=$(cat "$samples"; ticks $sp)
@@ -357,7 +358,7 @@ floor() {
 	sample_store floor "$samples" &
 	local sampler=$!
 	wait "$bench" || true
-	kill "$sampler"
+	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	s1=$(cat "$samples")
 	pairs=$(awk -F': ' '/^number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$work/floor.out")
