@@ -231,7 +231,9 @@ func TestStoredHeadersShared(t *testing.T) {
 	a, b := complete("a", json()), complete("b", json())
 	other := complete("c", http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/1"}})
 	split := complete("d", http.Header{"Content-Type": {"application/", "json"}})
-	same := func(x, y http.Header) bool { return reflect.ValueOf(x).UnsafePointer() == reflect.ValueOf(y).UnsafePointer() }
+	same := func(x, y http.Header) bool {
+		return reflect.ValueOf(x).UnsafePointer() == reflect.ValueOf(y).UnsafePointer()
+	}
 	if !same(a.Response.Header, b.Response.Header) {
 		t.Error("equal headers are kept as two maps")
 	}
