@@ -45,7 +45,15 @@ func newCore(store idemstore.Store, c *GuardConfig) *core {
 	}
 	// Seals responses with the keyring, and without one refuses sealed
 	// records rather than replaying ciphertext.
-	store = idemcrypt.NewWithConfig(store, &idemcrypt.Config{Keyring: cfg.Keyring, Required: cfg.EncryptionRequired})
+	if !offCrypt || cfg.Keyring != nil || cfg.EncryptionRequired {
+		store = idemcrypt.NewWithConfig(store, &idemcrypt.Config{Keyring: cfg.Keyring, Required: cfg.EncryptionRequired})
+	}
+	if offMetrics {
+		cfg.Metrics = nopMetrics{}
+	}
+	if offLogging {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
 	co.clock, co.alarms = deadline.WallClock, deadline.Wall
 	if cfg.Clock != nil {
@@ -245,8 +253,10 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	// The lease counts from here: the store counts it from when it gets
 	// the call, which is no earlier.
 	a.reserveSent = c.clock.Now()
-	ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
-	defer a.ops.Disarm()
+	if !offDeadlines {
+		ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		defer a.ops.Disarm()
+	}
 	ctx, end := c.span(ctx, "idem.reserve")
 	start := c.clockStart()
 	defer func() {
@@ -390,8 +400,13 @@ func (c *core) completeTx(ctx context.Context, a *attempt, p *idemstore.Complete
 // from ctx's cancellation: a client that hangs up does not stop it. It
 // logs a failure and returns it.
 func (c *core) finishStore(ctx context.Context, a *attempt, op string, f func(context.Context) error) error {
-	sctx := a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
-	defer a.ops.Disarm()
+	var sctx context.Context
+	if offDeadlines {
+		sctx = context.WithoutCancel(ctx)
+	} else {
+		sctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		defer a.ops.Disarm()
+	}
 	sctx, end := c.span(sctx, "idem.complete")
 	start := c.clockStart()
 	err := f(sctx)

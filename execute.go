@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net/http"
 	"sync"
 
@@ -16,7 +17,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	rw := &a.rec
 	*rw = recorder{w: w, max: m.cfg.MaxResponse}
 	a.bodyReader.Reset(a.body)
-	r.Body = &a.bodyReader
+	// io.NopCloser, which net/http knows for in memory: a handler that
+	// forwards the request (a ReverseProxy) writes it in one piece.
+	r.Body = io.NopCloser(&a.bodyReader)
 	defer m.hub.publish(a.id)
 
 	panicked := true
@@ -146,7 +149,7 @@ type execution struct {
 	// record's fingerprint and creation time without reading it again.
 	reserved   *idemstore.Record
 	hctx       attemptCtx
-	bodyReader bodyReader
+	bodyReader bytes.Reader // the body the middleware read, for the handler
 	complete   idemstore.CompleteParams
 	response   idemstore.Response
 	rec        recorder
@@ -159,8 +162,3 @@ type execution struct {
 	tx     idemstore.Tx
 	txErr  error
 }
-
-// bodyReader gives the handler the body the middleware read.
-type bodyReader struct{ bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }

@@ -129,7 +129,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
 		label: m.metricsEndpoint(r),
 	}
-	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), scope, body, m.cfg.Fingerprint)
+	contentType := r.Header.Get("Content-Type")
+	if offCanonical {
+		contentType = "application/octet-stream" // hashed as raw bytes
+	}
+	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, contentType, scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
 		span.SetAttribute("idem.endpoint", a.label)
@@ -310,16 +314,25 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
-	rc := http.NewResponseController(w)
 	// The wall clock, not Config.Clock: the deadline is the connection's.
-	if rc.SetReadDeadline(time.Now().Add(m.cfg.BodyTimeout)) == nil {
-		defer func() {
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				_ = rc.SetReadDeadline(time.Time{})
-			}
-		}()
+	if offBodyRead || setReadDeadline(w, time.Now().Add(m.cfg.BodyTimeout)) != nil {
+		return readBody(r, m.cfg.MaxBody) // the writer cannot bound the read
 	}
-	return readBody(r, m.cfg.MaxBody)
+	body, tooLarge, err = readBody(r, m.cfg.MaxBody)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		_ = setReadDeadline(w, time.Time{})
+	}
+	return body, tooLarge, err
+}
+
+// setReadDeadline is http.ResponseController's SetReadDeadline without its
+// allocation when w is net/http's own writer (or another that has the
+// method); a wrapper is unwrapped by a ResponseController as usual.
+func setReadDeadline(w http.ResponseWriter, t time.Time) error {
+	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
+		return d.SetReadDeadline(t)
+	}
+	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {

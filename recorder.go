@@ -50,13 +50,17 @@ func (r *recorder) WriteHeader(code int) {
 	}
 	r.status = code
 	r.wroteHeader = true
+	if offRecorder {
+		r.sent = true
+		r.w.WriteHeader(code)
+	}
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
 	if !r.wroteHeader {
 		r.WriteHeader(http.StatusOK)
 	}
-	if r.streamed {
+	if r.streamed || offRecorder {
 		return r.sawErr(r.w.Write(p))
 	}
 	if int64(len(r.buf)+len(p)) > r.max {
@@ -77,7 +81,7 @@ func (r *recorder) WriteString(s string) (int, error) {
 	if !r.wroteHeader {
 		r.WriteHeader(http.StatusOK)
 	}
-	if r.streamed {
+	if r.streamed || offRecorder {
 		return r.sawErr(io.WriteString(r.w, s))
 	}
 	if int64(len(r.buf)+len(s)) > r.max {

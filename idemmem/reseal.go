@@ -25,7 +25,7 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 		return idemstore.ErrInvalidState
 	}
 	n := *r
-	n.Response = copyResponse(p.Response)
+	n.Response = s.stored(p.Response)
 	s.records[p.Identity] = &n
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -200,5 +201,61 @@ func TestKeyWaitCancel(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("KeyWait did not return after its context was canceled")
+	}
+}
+
+// Records whose stored headers are equal share one header map (the store
+// keeps a record read-only), and what a caller does with the maps it handed
+// in or was handed back never reaches a stored record.
+func TestStoredHeadersShared(t *testing.T) {
+	t.Parallel()
+	s := idemmem.New(nil)
+	ctx := t.Context()
+	complete := func(key string, h http.Header) *idemstore.Record {
+		t.Helper()
+		id := idemstore.Identity{Endpoint: "POST /v1/payments", Key: key}
+		if _, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: key, Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: key,
+			Response: &idemstore.Response{Status: 201, Header: h, Body: []byte("{}")}}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: "f", Token: "other", Lease: time.Minute, TTL: time.Hour})
+		if err != nil || res.Reserved {
+			t.Fatalf("replay of %s: %+v, %v", key, res, err)
+		}
+		return res.Record
+	}
+	json := func() http.Header { return http.Header{"Content-Type": {"application/json"}} }
+	a, b := complete("a", json()), complete("b", json())
+	other := complete("c", http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/payments/1"}})
+	split := complete("d", http.Header{"Content-Type": {"application/", "json"}})
+	same := func(x, y http.Header) bool {
+		return reflect.ValueOf(x).UnsafePointer() == reflect.ValueOf(y).UnsafePointer()
+	}
+	if !same(a.Response.Header, b.Response.Header) {
+		t.Error("equal headers are kept as two maps")
+	}
+	if same(a.Response.Header, other.Response.Header) || same(a.Response.Header, split.Response.Header) {
+		t.Error("different headers share a map")
+	}
+
+	// The caller's map is copied, not kept.
+	h := json()
+	e := complete("e", h)
+	h.Set("Content-Type", "text/plain")
+	h.Set("X-Changed", "1")
+	if got := e.Response.Header; got.Get("Content-Type") != "application/json" || len(got) != 1 {
+		t.Errorf("stored header followed the caller's map: %v", got)
+	}
+	// A KeyGet copy is the caller's to change.
+	got, err := s.KeyGet(ctx, idemstore.Identity{Endpoint: "POST /v1/payments", Key: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Response.Header.Set("Content-Type", "text/plain")
+	if b.Response.Header.Get("Content-Type") != "application/json" {
+		t.Error("changing a KeyGet copy changed a stored record")
 	}
 }

@@ -66,12 +66,15 @@ var _ idemstore.Tx = (*Tx)(nil)
 // KeyComplete writes the completion in the transaction, fenced like
 // Store.KeyComplete.
 func (t *Tx) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) error {
-	p = &idemstore.CompleteParams{Identity: p.Identity, Token: p.Token, Response: copyResponse(p.Response), NotReplayable: p.NotReplayable}
+	t.s.mu.Lock()
+	resp := t.s.stored(p.Response)
+	t.s.mu.Unlock()
+	p = &idemstore.CompleteParams{Identity: p.Identity, Token: p.Token, Response: resp, NotReplayable: p.NotReplayable}
 	return t.write(ctx, p.Identity, func(r *idemstore.Record, now time.Time) error {
 		if err := fence(r, p.Token, idemstore.StateInProgress, idemstore.StateUnknown); err != nil {
 			return err
 		}
-		complete(r, p, now)
+		complete(r, p, resp, now)
 		return nil
 	})
 }

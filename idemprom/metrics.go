@@ -93,7 +93,52 @@ type Metrics struct {
 	// totals counts decisions over all endpoints and tenants, for
 	// DecisionTotals: decision label value -> *atomic.Uint64.
 	totals sync.Map
+
+	// The series already resolved from the values a method was called
+	// with, so that a request finds its counters without the label
+	// limiters' locks and the vectors' hashing: decisionKey ->
+	// *decisionSeries, storeCallKey -> prometheus.Observer, endpoint ->
+	// prometheus.Observer. A limiter's answer for a value never changes
+	// once given (an admitted value stays admitted, and once it is full a
+	// new value is Other for good), so a cached series is the one the
+	// slow path would find. Each holds at most maxCachedSeries entries;
+	// beyond, calls take the slow path.
+	decisionSeries, storeCallSeries, storedSeries seriesCache
 }
+
+// maxCachedSeries bounds each cache of resolved series.
+const maxCachedSeries = 1024
+
+// seriesCache is a bounded sync.Map.
+type seriesCache struct {
+	m sync.Map
+	n atomic.Int64
+}
+
+// store remembers v for k unless the cache is full, and returns the value
+// k has.
+func (c *seriesCache) store(k, v any) any {
+	if c.n.Load() >= maxCachedSeries {
+		return v
+	}
+	got, loaded := c.m.LoadOrStore(k, v)
+	if !loaded {
+		c.n.Add(1)
+	}
+	return got
+}
+
+type decisionKey struct {
+	endpoint, scope string
+	d               idem.Decision
+}
+
+type decisionSeries struct {
+	count prometheus.Counter
+	total *atomic.Uint64 // in totals
+}
+
+type storeCallKey struct{ op, result string }
 
 var _ idem.Metrics = (*Metrics)(nil)
 
@@ -153,28 +198,53 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 
 // Decision counts one request's decision on an endpoint for a scope.
 func (m *Metrics) Decision(endpoint, scope string, d idem.Decision) {
+	if !m.cfg.TenantLabel {
+		scope = "" // not a label: one series for every scope
+	}
+	k := decisionKey{endpoint, scope, d}
+	s, ok := m.decisionSeries.m.Load(k)
+	if !ok {
+		s = m.decisionSeries.store(k, m.newDecisionSeries(k))
+	}
+	ds := s.(*decisionSeries)
+	ds.count.Inc()
+	ds.total.Add(1)
+}
+
+func (m *Metrics) newDecisionSeries(k decisionKey) *decisionSeries {
 	tenant := ""
 	if m.cfg.TenantLabel {
-		tenant = m.tenants.value(scope)
+		tenant = m.tenants.value(k.scope)
 	}
-	decision := m.decisionValues.value(string(d))
-	m.decisions.WithLabelValues(m.endpoints.value(endpoint), tenant, decision).Inc()
+	decision := m.decisionValues.value(string(k.d))
 	n, ok := m.totals.Load(decision)
 	if !ok {
 		n, _ = m.totals.LoadOrStore(decision, new(atomic.Uint64))
 	}
-	n.(*atomic.Uint64).Add(1)
+	return &decisionSeries{
+		count: m.decisions.WithLabelValues(m.endpoints.value(k.endpoint), tenant, decision),
+		total: n.(*atomic.Uint64),
+	}
 }
 
 // StoreCall observes the latency of one store call, labelled with the
 // operation and the kind of its result.
 func (m *Metrics) StoreCall(op string, d time.Duration, err error) {
-	m.storeCalls.WithLabelValues(m.ops.value(op), Result(err)).Observe(d.Seconds())
+	k := storeCallKey{op, Result(err)}
+	o, ok := m.storeCallSeries.m.Load(k)
+	if !ok {
+		o = m.storeCallSeries.store(k, m.storeCalls.WithLabelValues(m.ops.value(op), k.result))
+	}
+	o.(prometheus.Observer).Observe(d.Seconds())
 }
 
 // ResponseStored observes the size of a stored response body.
 func (m *Metrics) ResponseStored(endpoint string, bytes int) {
-	m.stored.WithLabelValues(m.endpoints.value(endpoint)).Observe(float64(bytes))
+	o, ok := m.storedSeries.m.Load(endpoint)
+	if !ok {
+		o = m.storedSeries.store(endpoint, m.stored.WithLabelValues(m.endpoints.value(endpoint)))
+	}
+	o.(prometheus.Observer).Observe(float64(bytes))
 }
 
 // MessageTerminated counts a message a consumer terminated, by endpoint

@@ -275,3 +275,50 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("idem_decisions_total has %d series, want at most 36", n)
 	}
 }
+
+// Counting is the same whether a series was found in the cache of
+// resolved series or, past its bound, by the slow path: 1,500 endpoints
+// (more than the cache keeps), each counted three times, with the label
+// limiter admitting the first 1,200 and counting the rest as Other.
+func TestDecisionsPastTheSeriesCache(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m := idemprom.New(reg, &idemprom.Config{MaxLabelValues: 1200})
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 1500; i++ {
+			m.Decision(fmt.Sprintf("POST /v%d", i), "", idem.DecisionCreated)
+			m.StoreCall(fmt.Sprintf("op%d", i%3), time.Millisecond, nil)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idem_decisions_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "endpoint" {
+					counts[l.GetValue()] = s.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if len(counts) != 1201 {
+		t.Errorf("%d endpoint series, want 1,200 and Other", len(counts))
+	}
+	for i := 0; i < 1200; i++ {
+		if c := counts[fmt.Sprintf("POST /v%d", i)]; c != 3 {
+			t.Fatalf("POST /v%d counted %v times, want 3", i, c)
+		}
+	}
+	if c := counts[idemprom.Other]; c != 3*300 {
+		t.Errorf("Other counted %v times, want 900", c)
+	}
+	if got := m.DecisionTotals()["created"]; got != 4500 {
+		t.Errorf("DecisionTotals created = %v, want 4500", got)
+	}
+}

@@ -31,10 +31,29 @@
 # postgres-async: PostgreSQL with synchronous_commit=off, the option that
 # trades durability (a PostgreSQL crash loses the last commits) for speed.
 #
+# PEER_CMD names an external command to measure beside idem proxy on the
+# same upstream, for a side-by-side run with another library (built outside
+# this repository, never committed): for each store of PEER_STORES (default:
+# those of STORES among memory, redis, postgres) the script runs
+#   $PEER_CMD --listen ADDR --upstream URL --store STORE_URL
+# as the target "peer-STORE", where STORE_URL is memory:, the Redis URL with
+# ?prefix=TAG-peer: or the PostgreSQL URL with ?table=TAG_peer.keys (a schema
+# the script creates and drops) and application_name=TAG_peer, by which the
+# store's CPU is found as for idem.
+#
+# PG_FLOOR=1 (with postgres in STORES) also measures, in every round after
+# the new-key runs, the floor under a PostgreSQL new key: pgbench (prepared
+# statements, CONNECTIONS clients, DURATION) sending the two single-row
+# statements a new key needs, an INSERT of a record and an UPDATE of it by
+# its primary key, each its own commit, on a table of idem's columns with
+# only the primary key; the PostgreSQL backends' CPU per pair, found by
+# application_name as for the proxies, is compared with idem's per new key.
+#
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
+#   PEER_CMD  PEER_STORES  PG_FLOOR
 #   BASELINES="bare bare-default"
-#   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT..PORT+4 are used)
+#   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT and the ports after it, one per target)
 #   SQLITE_SYNC=FULL (or NORMAL)  WORKDIR (default: a new directory under
 #   /var/tmp; the SQLite file lives there, so it must not be tmpfs)
 #   IDEM_TEST_DATABASE_URL, IDEM_TEST_REDIS_URL (as the tests; the run uses
@@ -54,6 +73,13 @@ THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-16}
 PORT=${PORT:-18900}
 SQLITE_SYNC=${SQLITE_SYNC:-FULL}
+PEER_CMD=${PEER_CMD:-}
+PG_FLOOR=${PG_FLOOR:-}
+if [ -z "${PEER_STORES+set}" ]; then
+	PEER_STORES=
+	for s in $STORES; do case $s in memory | redis | postgres) PEER_STORES="$PEER_STORES $s" ;; esac; done
+fi
+[ -n "$PEER_CMD" ] || PEER_STORES=
 PG_URL=${IDEM_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 REDIS_URL=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 TAG=idem_e2e_$$ # schema, application_name and Redis key prefix of this run
@@ -77,11 +103,12 @@ pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	if [[ " $STORES " == *" postgres"* ]]; then
-		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" >/dev/null 2>&1 || true
+	if [[ " $STORES $PEER_STORES " == *" postgres"* ]]; then
+		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_peer CASCADE" \
+			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" >/dev/null 2>&1 || true
 	fi
-	if [[ " $STORES " == *" redis "* ]]; then
-		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG:*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
+	if [[ " $STORES $PEER_STORES " == *" redis "* ]]; then
+		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
 	fi
 	[ -n "${WORKDIR:-}" ] || rm -rf "$work"
 }
@@ -148,6 +175,21 @@ for store in $STORES; do
 	targets+=("$store")
 	n=$((n + 1))
 done
+for store in $PEER_STORES; do
+	case $store in
+	memory) url=memory: ;;
+	redis) url=$(with_param "$REDIS_URL" "prefix=$TAG-peer:") ;;
+	postgres)
+		psql -q "$PG_URL" -c "CREATE SCHEMA ${TAG}_peer" >/dev/null
+		url=$(with_param "$(with_param "$PG_URL" "table=${TAG}_peer.keys")" "application_name=${TAG}_peer") ;;
+	*) log "PEER_STORES: unknown store $store (want memory, redis, postgres)"; exit 2 ;;
+	esac
+	port_of[peer-$store]=$((PORT + n))
+	# shellcheck disable=SC2086 # PEER_CMD may carry arguments
+	start "peer-$store" "$((PORT + n))" $PEER_CMD --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
+	targets+=("peer-$store")
+	n=$((n + 1))
+done
 
 # The wrk script: POSTs a JSON body with an Idempotency-Key; args[1] is the
 # key prefix, args[2] the shape. It prints one RESULT line: requests,
@@ -190,28 +232,45 @@ ticks() {
 	for pid in "$@"; do
 		[ -r "/proc/$pid/stat" ] || continue
 		# Fields after "PID (comm) ": utime and stime are the 12th and 13th.
-		sed 's/^.*) //' "/proc/$pid/stat" | awk -v pid="$pid" '{ print pid, $12 + $13 }'
+		# (a process may end between the test and the read)
+		{ sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null || true; } | awk -v pid="$pid" 'NF { print pid, $12 + $13 }'
 	done
 }
 
 # store_pids TARGET: the processes of TARGET's store server.
 redis_pid=
-if [[ " $STORES " == *" redis "* ]]; then
+if [[ " $STORES $PEER_STORES " == *" redis "* ]]; then
 	redis_pid=$(redis-cli -u "$REDIS_URL" info server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
 fi
 store_pids() {
 	case $1 in
 	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
 	postgres-async) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_async'" ;;
-	redis) echo "$redis_pid" ;;
+	redis | peer-redis) echo "$redis_pid" ;;
+	floor) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_floor'" ;;
+	peer-postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_peer'" ;;
 	esac
 }
 
 # cpu_delta BEFORE AFTER: total ticks gained by the processes of AFTER
 # (a process missing from BEFORE started during the run: all its ticks).
+# AFTER may list a PID several times (samples taken during the run): its
+# largest count counts, so a process that ended during the run (a pool
+# that closes and opens connections) keeps the ticks it was last seen with.
 cpu_delta() {
-	awk 'NR == FNR { before[$1] = $2; next } { sum += $2 - before[$1] } END { print sum + 0 }' \
+	awk 'NR == FNR { before[$1] = $2; next } { if (!($1 in last) || $2 > last[$1]) last[$1] = $2 }
+		END { for (p in last) sum += last[p] - before[p]; print sum + 0 }' \
 		<(echo "$1") <(echo "$2")
+}
+
+# sample_store TARGET FILE: appends the ticks of TARGET's store processes
+# to FILE every half second until killed.
+sample_store() {
+	while :; do
+		# shellcheck disable=SC2046
+		ticks $(store_pids "$1") >>"$2"
+		sleep 0.5
+	done
 }
 
 hz=$(getconf CLK_TCK)
@@ -231,10 +290,17 @@ measure() {
 	sp=$(store_pids "$target")
 	# shellcheck disable=SC2086 # sp is a list of PIDs
 	p0=$(ticks "$pp") s0=$(ticks $sp)
+	local sampler= samples=$work/samples
+	: >"$samples"
+	if [ -n "$sp" ]; then
+		sample_store "$target" "$samples" &
+		sampler=$!
+	fi
 	out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape")
+	[ -z "$sampler" ] || { kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; }
 	sp=$(store_pids "$target")
 	# shellcheck disable=SC2086
-	p1=$(ticks "$pp") s1=$(ticks $sp)
+	p1=$(ticks "$pp") s1=$(cat "$samples"; ticks $sp)
 	echo "$out" | awk -v shape="$shape" -v target="$target" -v round="$round" -v hz="$hz" \
 		-v pt="$(cpu_delta "$p0" "$p1")" -v st="$(cpu_delta "$s0" "$s1")" -v store="$sp" '
 		$1 == "RESULT" {
@@ -251,11 +317,63 @@ for target in "${targets[@]}"; do
 done
 
 log "$ROUNDS rounds of $DURATION per target and shape; per run: shape target round req/s p50_us p99_us proxy_cpu_us store_cpu_us errors non2xx"
+# The floor's table and pgbench script (PG_FLOOR).
+floors=$work/floors
+if [ -n "$PG_FLOOR" ] && [[ " $STORES " == *" postgres "* ]]; then
+	psql -q "$PG_URL" -c "CREATE SCHEMA ${TAG}_floor" -c "CREATE TABLE ${TAG}_floor.keys (
+		scope text COLLATE \"C\" NOT NULL, endpoint text COLLATE \"C\" NOT NULL, key text COLLATE \"C\" NOT NULL,
+		fingerprint text NOT NULL, state text NOT NULL, token text NOT NULL, locked_until timestamptz NOT NULL,
+		started_at timestamptz NOT NULL, lease_expired_state text NOT NULL, response_status integer,
+		response_header jsonb, response_body bytea, not_replayable boolean NOT NULL DEFAULT false,
+		recovery_point text NOT NULL DEFAULT '', attempts integer NOT NULL DEFAULT 1,
+		created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+		waiters boolean NOT NULL DEFAULT false, ttl interval, reconcile_after timestamptz,
+		reconcile_attempts integer NOT NULL DEFAULT 0, reconcile_error text NOT NULL DEFAULT '',
+		PRIMARY KEY (scope, endpoint, key))" >/dev/null
+	cat >"$work/floor.sql" <<SQL
+\\set k random(1, 9000000000000000)
+INSERT INTO ${TAG}_floor.keys (scope, endpoint, key, fingerprint, state, token, locked_until, started_at,
+	lease_expired_state, attempts, created_at, updated_at, expires_at, ttl)
+	VALUES ('', 'POST /v1/payments', 'k-' || :k, '9f2c4e7b1a3d5f6e8c0b2a4d6f8e1c3b5a7d9f0e2c4b6a8d1f3e5c7b9a0d2f4e', 'in_progress',
+	'5f0c2a7e9b1d3f6a8c4e0b2d7f9a1c3e', now() + interval '30 seconds', now(), 'unknown', 1, now(), now(),
+	now() + interval '24 hours', interval '24 hours');
+UPDATE ${TAG}_floor.keys SET state = 'completed', response_status = 201,
+	response_header = '{"Content-Type": ["application/json"]}',
+	response_body = '{"method":"POST","path":"/v1/payments","body":{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}}'::bytea,
+	updated_at = now()
+	WHERE scope = '' AND endpoint = 'POST /v1/payments' AND key = 'k-' || :k;
+SQL
+fi
+
+# floor ROUND: one pgbench run of the floor; appends "round pairs/s
+# cpu_us_per_pair" to $floors.
+floor() {
+	local s0 s1 out pairs
+	# shellcheck disable=SC2046
+	s0=$(ticks $(store_pids floor))
+	PGAPPNAME=${TAG}_floor pgbench -n -M prepared -c "$CONNECTIONS" -j "$THREADS" -T "${DURATION%s}" \
+		-f "$work/floor.sql" "$PG_URL" >"$work/floor.out" 2>&1 &
+	local bench=$! samples=$work/samples
+	: >"$samples"
+	sample_store floor "$samples" &
+	local sampler=$!
+	wait "$bench" || true
+	kill "$sampler" 2>/dev/null || true
+	wait "$sampler" 2>/dev/null || true
+	s1=$(cat "$samples")
+	pairs=$(awk -F': ' '/^number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$work/floor.out")
+	awk -v r="$1" -v pairs="$pairs" -v st="$(cpu_delta "$s0" "$s1")" -v hz="$hz" \
+		'/^tps = / { printf "%s %.0f %.1f\n", r, $3, st * 1e6 / hz / pairs }' "$work/floor.out" | tee -a "$floors" >&2
+}
+
 for round in $(seq 1 "$ROUNDS"); do
 	for shape in $SHAPES; do
 		for target in "${targets[@]}"; do
 			measure "$shape" "$target" "$round"
 		done
+		if [ "$shape" = new ] && [ -s "$work/floor.sql" ]; then
+			floor "$round"
+		fi
 	done
 done
 
@@ -301,10 +419,29 @@ END {
 		pcm[k] = pc
 		sc = "–"
 		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); scm[k] = m; sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
-		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : "idem, " target
+		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : target ~ /^peer-/ ? "peer, " substr(target, 6) : "idem, " target
 		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %d, %d |\n", shape,
 			name[k], ratio, rounds, thr, ms(l50), ms(l99),
 			pc, pc / barecpu[shape], sc, bad[k], non2xx[k]
+	}
+	peers = 0
+	for (i = 1; i <= n; i++) {
+		k = order[i]; split(k, f, SUBSEP); shape = f[1]; target = f[2]
+		if (target !~ /^peer-/) continue
+		own = shape SUBSEP substr(target, 6)
+		if (!(own in count)) continue
+		if (!peers++) {
+			printf "\nidem against the peer on the same store (idem / peer; medians of the per-round ratios; CPU from the medians):\n\n"
+			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req |"
+			print "|---|---|---|---|---|---|"
+		}
+		rounds = ""; c = 0
+		for (r = 1; r <= count[k]; r++) for (r2 = 1; r2 <= count[own]; r2++) if (round[own, r2] == round[k, r]) {
+			q[++c] = rps[own, r2] / rps[k, r]; rounds = rounds sprintf("%s%.2f", c > 1 ? " " : "", q[c])
+		}
+		sc = "–"
+		if ((own in scm) && (k in scm) && scm[k] > 0) sc = sprintf("%.2f", scm[own] / scm[k])
+		printf "| %s | %s | %.2f | %s | %.2f | %s |\n", shape, substr(target, 6), median(q, c), rounds, pcm[own] / pcm[k], sc
 	}
 	if (length(baredcpu) == 0) exit
 	printf "\nAgainst the bare proxy on http.DefaultTransport (medians of the same rounds):\n\n"
@@ -317,3 +454,13 @@ END {
 			(k in scm) ? sprintf("%.2f", scm[k] / baredcpu[shape]) : "–"
 	}
 }' "$results"
+
+if [ -s "$floors" ]; then
+	echo
+	echo "The floor under a PostgreSQL new key (pgbench, each statement its own commit) against idem's PostgreSQL CPU per new key:"
+	echo
+	echo "| round | floor pairs/s | floor PostgreSQL CPU per pair | idem's PostgreSQL CPU per new key | idem / floor |"
+	echo "|---|---|---|---|---|"
+	awk 'NR == FNR { if ($1 == "new" && $2 == "postgres") idem[$3] = $8; next }
+		{ printf "| %s | %s | %.0f µs | %.0f µs | %.2f |\n", $1, $2, $3, idem[$1], idem[$1] / $3 }' "$results" "$floors"
+fi

@@ -25,14 +25,17 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,6 +171,17 @@ func (h *Handler) CloseIdleConnections() {
 // names) and the client's forwarding headers.
 func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(h.upstream)
+	// ReverseProxy wraps every outbound body in a reader whose Close does
+	// nothing, which net/http does not know to be in memory, so the
+	// transport would flush the headers before it copies the body: two
+	// writes to the upstream. A body that is an io.NopCloser already (the
+	// idem middleware hands a protected request's body over as one, over
+	// the bytes it read) needs no wrapper, and net/http sends an in-memory
+	// one with the headers in one write. Nothing else changes: the body's
+	// bytes, its length, and that the transport never retries it.
+	if pr.Out.Body != nil && reflect.TypeOf(pr.In.Body) == nopCloserType {
+		pr.Out.Body = pr.In.Body
+	}
 	// ReverseProxy drops query parameters it cannot parse (a ";" in the
 	// query); the upstream gets the query exactly as the client sent it.
 	pr.Out.URL.RawQuery = joinQuery(h.upstream.RawQuery, pr.In.URL.RawQuery)
@@ -187,6 +201,10 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header[idem.HeaderAttempt] = []string{token}
 	}
 }
+
+// nopCloserType is the type of io.NopCloser's result for a reader with
+// WriteTo, such as a bytes.Reader.
+var nopCloserType = reflect.TypeOf(io.NopCloser(new(bytes.Reader)))
 
 func joinQuery(a, b string) string {
 	if a == "" || b == "" {
