@@ -29,7 +29,7 @@ function nice(x,   e, f) {
 }
 function X(m) { return LEFT + (maxm > 1 ? (m - 1) / (maxm - 1) : 0) * (W - LEFT - RIGHT) }
 END {
-	H = TOP + np * (PH + GAP)
+	H = TOP + np * (PH + GAP) + 10
 	printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
 	printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
 	printf "<text x=\"%d\" y=\"22\" font-size=\"14\">soak: idem proxy --maintain, a new key per request, by minute</text>\n", LEFT
@@ -58,6 +58,6 @@ END {
 			}
 		}
 	}
-	printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">minute</text>\n", (LEFT + W - RIGHT) / 2, H - 8
+	printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">minute</text>\n", (LEFT + W - RIGHT) / 2, H - 6
 	print "</svg>"
 }' "$series" >"$out"
