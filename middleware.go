@@ -44,15 +44,18 @@ func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
 // problems and replays.
 type middleware struct {
 	*core
-	cfg     Config          // with its defaults; the core has its GuardConfig
+	cfg     Config          // with its defaults; its GuardConfig is the core's
 	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	fps     fpCache
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
-	full := c.withDefaults()
-	m := &middleware{core: newCore(store, &full.GuardConfig), cfg: full, stored: make(map[string]bool)}
+	m := &middleware{cfg: c.withDefaults(), stored: make(map[string]bool)}
+	m.core = newCore(store, &m.cfg.GuardConfig)
+	// The core's settings as the core uses them (a benchmark build's
+	// features may change them), so that both read the same.
+	m.cfg.GuardConfig = m.core.cfg
 	cfg := &m.cfg
 	m.fps.digest = cfg.Keyring != nil
 	for _, meth := range cfg.Methods {
