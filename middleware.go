@@ -130,7 +130,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		c:     m.core,
 		body:  body,
 		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		label: m.metricsEndpoint(r),
+		label: m.metricsLabel(r, endpoint),
 	}
 	contentType := r.Header.Get("Content-Type")
 	if offCanonical {
@@ -271,11 +271,20 @@ func (m *middleware) endpoint(r *http.Request) string {
 // metricsEndpoint is the endpoint label of r in Metrics, logs and spans:
 // never the raw path unless Config.MetricsEndpoint says so.
 func (m *middleware) metricsEndpoint(r *http.Request) string {
+	return m.metricsLabel(r, "")
+}
+
+// metricsLabel is metricsEndpoint given endpoint, m.endpoint(r) when the
+// caller has it already (else ""), so that it is not computed again.
+func (m *middleware) metricsLabel(r *http.Request, endpoint string) string {
 	switch {
 	case m.cfg.MetricsEndpoint != nil:
 		return m.cfg.MetricsEndpoint(r)
 	case m.cfg.Endpoint != nil || r.Pattern != "":
-		return m.endpoint(r)
+		if endpoint == "" {
+			endpoint = m.endpoint(r)
+		}
+		return endpoint
 	}
 	return unrouted(r)
 }
