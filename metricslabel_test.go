@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,6 +141,32 @@ func TestRawPathNeverLogged(t *testing.T) {
 	for k, v := range tr.attrs {
 		if strings.Contains(v, "SECRETPATHTOKEN") {
 			t.Errorf("span attribute %s = %q carries the raw path", k, v)
+		}
+	}
+}
+
+// Config.Endpoint names the record and, without MetricsEndpoint, the
+// metrics label: the middleware asks it once a request, not once for each.
+func TestEndpointCalledOnce(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	cfg := &idem.Config{Endpoint: func(r *http.Request) string {
+		calls.Add(1)
+		return "POST payments"
+	}}
+	h := idem.New(idemmem.New(nil), cfg)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for i := range 2 { // a new key, then its replay
+		r := httptest.NewRequest("POST", "/v1/payments", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", "k1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("request %d answered %d", i, w.Code)
+		}
+		if n := calls.Swap(0); n != 1 {
+			t.Fatalf("request %d called Config.Endpoint %d times, want 1", i, n)
 		}
 	}
 }

@@ -44,15 +44,18 @@ func New(store idemstore.Store, cfg *Config) func(http.Handler) http.Handler {
 // problems and replays.
 type middleware struct {
 	*core
-	cfg     Config          // with its defaults; the core has its GuardConfig
+	cfg     Config          // with its defaults; its GuardConfig is the core's
 	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	fps     fpCache
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
-	full := c.withDefaults()
-	m := &middleware{core: newCore(store, &full.GuardConfig), cfg: full, stored: make(map[string]bool)}
+	m := &middleware{cfg: c.withDefaults(), stored: make(map[string]bool)}
+	m.core = newCore(store, &m.cfg.GuardConfig)
+	// The core's settings as the core uses them (a benchmark build's
+	// features may change them), so that both read the same.
+	m.cfg.GuardConfig = m.core.cfg
 	cfg := &m.cfg
 	m.fps.digest = cfg.Keyring != nil
 	for _, meth := range cfg.Methods {
@@ -127,7 +130,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		c:     m.core,
 		body:  body,
 		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		label: m.metricsEndpoint(r),
+		label: m.metricsLabel(r, endpoint),
 	}
 	contentType := r.Header.Get("Content-Type")
 	if offCanonical {
@@ -268,11 +271,20 @@ func (m *middleware) endpoint(r *http.Request) string {
 // metricsEndpoint is the endpoint label of r in Metrics, logs and spans:
 // never the raw path unless Config.MetricsEndpoint says so.
 func (m *middleware) metricsEndpoint(r *http.Request) string {
+	return m.metricsLabel(r, "")
+}
+
+// metricsLabel is metricsEndpoint given endpoint, m.endpoint(r) when the
+// caller has it already (else ""), so that it is not computed again.
+func (m *middleware) metricsLabel(r *http.Request, endpoint string) string {
 	switch {
 	case m.cfg.MetricsEndpoint != nil:
 		return m.cfg.MetricsEndpoint(r)
 	case m.cfg.Endpoint != nil || r.Pattern != "":
-		return m.endpoint(r)
+		if endpoint == "" {
+			endpoint = m.endpoint(r)
+		}
+		return endpoint
 	}
 	return unrouted(r)
 }

@@ -88,6 +88,10 @@ func (rn *renewer) Alarmed(gen uint64) {
 	go rn.renew()
 }
 
+// msgNotRenewed is logged when the lease's end comes before a renewal
+// moved it, found by the expiry alarm or by CheckLease.
+const msgNotRenewed = "idem: the lease could not be renewed in time; the handler's context is cancelled"
+
 // expire gives the lease up when the clock has reached until: the alarm
 // may come late, after a renewal moved until on.
 func (rn *renewer) expire() {
@@ -95,7 +99,7 @@ func (rn *renewer) expire() {
 	due := !rn.stopped && !rn.lost && !rn.a.c.clock.Now().Before(rn.until)
 	rn.mu.Unlock()
 	if due {
-		rn.giveUp("idem: the lease could not be renewed in time; the handler's context is cancelled")
+		rn.giveUp(msgNotRenewed)
 	}
 }
 
@@ -158,7 +162,7 @@ func (rn *renewer) check() error {
 		return ErrLeaseLost
 	}
 	if late {
-		rn.giveUp("idem: the lease could not be renewed in time; the handler's context is cancelled")
+		rn.giveUp(msgNotRenewed)
 		return ErrLeaseLost
 	}
 	return nil

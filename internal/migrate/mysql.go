@@ -60,9 +60,10 @@ func (m *MySQL) Locked(ctx context.Context, f func(tx Tx, applied map[int]time.T
 	if !database.Valid {
 		return errors.New("the connection names no database")
 	}
-	lock := fmt.Sprintf("%s:%016x", m.LockName, uint64(LockID(m.LockName, database.String)))
+	id := uint64(LockID(m.LockName, database.String))
+	lock := fmt.Sprintf("%s:%016x", m.LockName, id)
 	if len(lock) > 64 {
-		lock = fmt.Sprintf("idem:%016x", uint64(LockID(m.LockName, database.String)))
+		lock = fmt.Sprintf("idem:%016x", id)
 	}
 	wait := m.LockWait
 	if wait <= 0 {

@@ -32,16 +32,6 @@ var names = map[string]bool{
 // Has reports whether the header of canonical name name is never stored.
 func Has(name string) bool { return names[name] }
 
-// Names returns the canonical names of the headers never stored, in no
-// particular order.
-func Names() []string {
-	out := make([]string, 0, len(names))
-	for n := range names {
-		out = append(out, n)
-	}
-	return out
-}
-
 // Pack returns the header to store for a response with header h and seal
 // sealed (idemstore.Response.Sealed): h, or for a sealed response the one
 // header Sealed with the seal as its value, the form in which every store

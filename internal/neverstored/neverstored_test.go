@@ -7,7 +7,7 @@ import (
 
 func TestNamesAreCanonical(t *testing.T) {
 	t.Parallel()
-	for _, n := range Names() {
+	for n := range names {
 		if c := http.CanonicalHeaderKey(n); c != n {
 			t.Errorf("%q is not canonical (%q): Has would never match it", n, c)
 		}
