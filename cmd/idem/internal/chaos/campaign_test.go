@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -170,7 +171,7 @@ func (c *campaign) run() result {
 	t := c.t
 	c.dir = artifactDir(t)
 	c.h = NewHistory()
-	bin := idemBinary(t)
+	bin := idembin.Path(t)
 	c.logf("seed %d, %v of faults, store durable: %v; reproduce with -seed %d (logs in %s)", c.seed, c.dur, c.store.durable(), c.seed, c.dir)
 
 	up := NewUpstream(c.h, c.seed)
@@ -181,7 +182,7 @@ func (c *campaign) run() result {
 	if proxyHasFlag(t, "reconcile-grace") {
 		grace = []string{"--reconcile-grace", reconcileGrace.String()}
 	}
-	env := append(cleanEnviron(), c.proxyEnv...)
+	env := append(idembin.Environ(), c.proxyEnv...)
 	for i := range 3 {
 		argv := []string{bin, "proxy"}
 		if c.proxyArgv != nil {

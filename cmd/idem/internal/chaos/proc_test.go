@@ -8,77 +8,28 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 )
 
 var (
-	// binDir holds the idem command built for this run (idemBinary).
-	binDir    string
-	buildOnce sync.Once
-	buildErr  error
-	helpOnce  sync.Once
-	helpText  string
+	helpOnce sync.Once
+	helpText string
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	dir, err := os.MkdirTemp("", "idem-chaos-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	idembin.Remove()
 	os.Exit(code)
-}
-
-// raceEnabled reports whether this test binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
-}
-
-// idemBinary builds ./cmd/idem once per run, with -race when the tests
-// are, and returns its path.
-func idemBinary(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(binDir, "idem")
-	buildOnce.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = "/usr/local/go/bin/go" // where this machine's Go lives
-		}
-		args := []string{"build", "-o", out}
-		if raceEnabled() {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command(goTool, append(args, "github.com/idem-dev/idem/cmd/idem")...)
-		if output, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, output)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return out
 }
 
 // proxyHasFlag reports whether `idem proxy --help` lists the flag: the
@@ -86,22 +37,10 @@ func idemBinary(t *testing.T) string {
 func proxyHasFlag(t *testing.T, flag string) bool {
 	t.Helper()
 	helpOnce.Do(func() {
-		out, _ := exec.Command(idemBinary(t), "proxy", "--help").CombinedOutput()
+		out, _ := exec.Command(idembin.Path(t), "proxy", "--help").CombinedOutput()
 		helpText = string(out)
 	})
 	return strings.Contains(helpText, "-"+flag+" ")
-}
-
-// cleanEnviron is the test's environment without IDEM_* variables, which
-// would configure the processes behind the test's back.
-func cleanEnviron() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEM_") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // freePort returns a loopback port that was free a moment ago.

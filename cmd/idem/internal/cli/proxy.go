@@ -306,8 +306,9 @@ func runProxy(ctx context.Context, e *env, args []string) (err error) {
 	if o.maintain {
 		// Stopped before the store is closed (defers run last first).
 		mcfg := maintainerConfig(e, 0, 0, 0)
-		o.reconcile.apply(e, mcfg, o.maxResponse, defaultGrace(o.lease))
-		if g := o.reconcile.graceOr(defaultGrace(o.lease)); o.reconcile.tmpl != nil && g < defaultGrace(o.lease) {
+		def := defaultGrace(o.lease)
+		o.reconcile.apply(e, mcfg, o.maxResponse, def)
+		if g := o.reconcile.graceOr(def); o.reconcile.tmpl != nil && g < def {
 			e.logger.Warn("idem proxy: --reconcile-grace is shorter than the upstream timeout or the lease: the reconciler may ask about a request the upstream is still to act on, and release it for a second run",
 				"grace", g, "upstream_timeout", proxy.DefaultTimeout, "lease", o.lease)
 		}

@@ -393,9 +393,14 @@ func TestParseHeaderLine(t *testing.T) {
 // lookup's answers and says so; the credential never reaches its output.
 func TestMaintainOnceReconciles(t *testing.T) {
 	t.Parallel()
-	var auth []string
+	var (
+		mu   sync.Mutex
+		auth []string
+	)
 	lookup := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth = append(auth, r.Header.Get("Authorization")) // one pass, one goroutine
+		mu.Lock() // the lookups of a pass run concurrently (--reconcile-concurrency)
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
 		switch r.URL.Query().Get("k") {
 		case "k/applied":
 			w.Header().Set("Content-Type", "application/json")
@@ -437,8 +442,11 @@ func TestMaintainOnceReconciles(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want %s", k, rec, err, want)
 		}
 	}
-	if !reflect.DeepEqual(auth, []string{"Bearer s3cret", "Bearer s3cret", "Bearer s3cret"}) {
-		t.Errorf("Authorization of the lookups = %q", auth)
+	mu.Lock()
+	got := auth
+	mu.Unlock()
+	if !reflect.DeepEqual(got, []string{"Bearer s3cret", "Bearer s3cret", "Bearer s3cret"}) {
+		t.Errorf("Authorization of the lookups = %q", got)
 	}
 	logs := e.stderr.String()
 	if !strings.Contains(logs, `"the lookup answered 503 Service Unavailable"`) || !strings.Contains(logs, "key_hash="+ids["k/unsure"].LogHash()) {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv/pgproc"
 )
 
 // The tests of this file are the PostgreSQL rows of the README's "What each
@@ -60,24 +59,11 @@ func TestDurabilityPostgresSyncCommit(t *testing.T) {
 // completed records are gone and how many are back to their reservation.
 func crashAfterCompletions(t *testing.T, synchronousCommit string) (gone, reserved int) {
 	t.Helper()
-	c := newCluster(t)
 	// Only the WAL writer's timer (10 s, its maximum) or a full WAL page
 	// writes asynchronous commits: nothing else flushes the WAL while the
 	// keys are completed and the server crashed.
-	conf, err := os.OpenFile(filepath.Join(c.data(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = fmt.Fprintf(conf, "synchronous_commit = %s\nwal_writer_delay = 10s\nwal_writer_flush_after = 1GB\n"+
-		"bgwriter_lru_maxpages = 0\nautovacuum = off\ncheckpoint_timeout = 1h\nmax_wal_size = 1GB\n", synchronousCommit)
-	if cerr := conf.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.run("pg_ctl", "-D", c.data(), "-m", "fast", "-w", "stop")
-	c.Start()
+	c := pgproc.Start(t, "synchronous_commit = "+synchronousCommit, "wal_writer_delay = 10s", "wal_writer_flush_after = 1GB",
+		"bgwriter_lru_maxpages = 0", "autovacuum = off", "checkpoint_timeout = 1h", "max_wal_size = 1GB")
 
 	ctx := t.Context()
 	store := pgStoreOn(t, c)
@@ -119,7 +105,7 @@ func crashAfterCompletions(t *testing.T, synchronousCommit string) (gone, reserv
 		t.Fatal(err)
 	}
 	t.Logf("%d bytes of WAL for %d keys", walEnd-walStart, durabilityKeys)
-	c.Stop()
+	c.Crash()
 	if d := time.Since(start); d > 8*time.Second {
 		// The WAL writer's timer may have run: the loss would be a matter of timing.
 		t.Fatalf("completing the keys and crashing took %v; want well under wal_writer_delay (10 s)", d)
@@ -146,7 +132,7 @@ func crashAfterCompletions(t *testing.T, synchronousCommit string) (gone, reserv
 }
 
 // openPool returns a small pool on the cluster, closed when the test ends.
-func openPool(t *testing.T, c *cluster) *pgxpool.Pool {
+func openPool(t *testing.T, c *pgproc.Cluster) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(c.URL)
 	if err != nil {
@@ -163,7 +149,7 @@ func openPool(t *testing.T, c *cluster) *pgxpool.Pool {
 
 // pgStoreOn returns an idempgx store in schema idem of the cluster, on a
 // pool of its own.
-func pgStoreOn(t *testing.T, c *cluster) *idempgx.Store {
+func pgStoreOn(t *testing.T, c *pgproc.Cluster) *idempgx.Store {
 	t.Helper()
 	s := idempgx.New(openPool(t, c), &idempgx.Config{Schema: "idem", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(s.Close)

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idemcrypt"
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -132,9 +133,9 @@ func TestEncryptionRotationTwoProcesses(t *testing.T) {
 	}
 
 	// The command finishes the rotation from the cursor.
-	cmd := exec.Command(idemBinary(t), "keys", "rotate-encryption", "--store", e.storeURL(2),
+	cmd := exec.Command(idembin.Path(t), "keys", "rotate-encryption", "--store", e.storeURL(2),
 		"--encryption-keys-file", bothFile, "--batch-size", "2", "--resume", encodeCursorForTest(prog.Cursor))
-	cmd.Env = cleanEnviron()
+	cmd.Env = idembin.Environ()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("idem keys rotate-encryption: %v\n%s", err, out)

@@ -12,9 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,17 +23,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
 var (
-	// binDir holds the idem command built for this run (see idemBinary).
-	binDir    string
-	buildOnce sync.Once
-	buildErr  error
-
 	// The tests share one pool to the test database; every test works in a
 	// schema of its own.
 	poolMu sync.Mutex
@@ -49,60 +43,14 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(consumerEnv); spec != "" {
 		os.Exit(runConsumer(spec))
 	}
-	dir, err := os.MkdirTemp("", "idem-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := m.Run()
 	poolMu.Lock()
 	if pool != nil {
 		pool.Close()
 	}
 	poolMu.Unlock()
-	os.RemoveAll(dir)
+	idembin.Remove()
 	os.Exit(code)
-}
-
-// raceEnabled reports whether this test binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
-}
-
-// idemBinary builds ./cmd/idem once per run and returns its path. It is
-// built with -race when the tests are, so the proxies are checked for races
-// under this load too and the build reuses the test build's cache.
-func idemBinary(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(binDir, "idem")
-	buildOnce.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = "/usr/local/go/bin/go" // where this machine's Go lives
-		}
-		args := []string{"build", "-o", out}
-		if raceEnabled() {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command(goTool, append(args, "github.com/idem-dev/idem/cmd/idem")...)
-		if output, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, output)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return out
 }
 
 // testPool returns the shared pool, opening it on first use.
@@ -364,22 +312,10 @@ func (p *proc) killedBySIGKILL() bool {
 // startProxy starts `idem proxy` in front of upstream on the test's schema.
 func (e *env) startProxy(name, upstream string, maxConns int, args ...string) *proc {
 	e.t.Helper()
-	cmd := exec.Command(idemBinary(e.t), append([]string{"proxy",
+	cmd := exec.Command(idembin.Path(e.t), append([]string{"proxy",
 		"--listen", "127.0.0.1:0", "--upstream", upstream, "--store", e.storeURL(maxConns)}, args...)...)
-	cmd.Env = cleanEnviron()
+	cmd.Env = idembin.Environ()
 	return start(e.t, name, cmd)
-}
-
-// cleanEnviron is the test's environment without IDEM_* variables, which
-// would configure the processes behind the test's back.
-func cleanEnviron() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEM_") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // client is the HTTP client of the tests: many connections per host, no

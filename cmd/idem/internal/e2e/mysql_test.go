@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemmysql"
 	"github.com/idem-dev/idem/idemstore"
@@ -97,9 +98,9 @@ func (e *myEnv) storeURL(maxConns int) string {
 // startProxy starts `idem proxy --store mysql://…` in front of upstream.
 func (e *myEnv) startProxy(name, upstream string, maxConns int, args ...string) *proc {
 	e.t.Helper()
-	cmd := exec.Command(idemBinary(e.t), append([]string{"proxy",
+	cmd := exec.Command(idembin.Path(e.t), append([]string{"proxy",
 		"--listen", "127.0.0.1:0", "--upstream", upstream, "--store", e.storeURL(maxConns)}, args...)...)
-	cmd.Env = cleanEnviron()
+	cmd.Env = idembin.Environ()
 	return start(e.t, name, cmd)
 }
 
@@ -235,7 +236,7 @@ func TestMySQLKilledTransactionalServerCommitsNothing(t *testing.T) {
 	}
 	startChild := func(name string, block bool) *proc {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(cleanEnviron(), childEnv+"=mysql-tx", childMySQLEnv+"="+e.dsn, childLease+"=1s")
+		cmd.Env = append(idembin.Environ(), childEnv+"=mysql-tx", childMySQLEnv+"="+e.dsn, childLease+"=1s")
 		if block {
 			cmd.Env = append(cmd.Env, childBlock+"=1")
 		}

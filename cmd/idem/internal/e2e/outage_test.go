@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idempgx"
+	"github.com/idem-dev/idem/internal/testenv/pgproc"
 )
 
 // TestStoreOutage stops the PostgreSQL under a running service, as a crash
@@ -25,7 +26,7 @@ import (
 // still replayed.
 func TestStoreOutage(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t)
+	c := pgproc.Start(t)
 	cfg, err := pgxpool.ParseConfig(c.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +61,7 @@ func TestStoreOutage(t *testing.T) {
 		t.Fatalf("before the outage: %v", before)
 	}
 
-	c.Stop()
+	c.Crash()
 	unavailable := func(a answer) bool {
 		return a.err == nil && a.status == http.StatusServiceUnavailable && a.code == idem.CodeStoreUnavailable && a.retryAfter != ""
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -269,8 +270,8 @@ func testPausedProxy(t *testing.T, storeURL string) {
 // without IDEM_* variables.
 func execIdem(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(idemBinary(t), args...)
-	cmd.Env = cleanEnviron()
+	cmd := exec.Command(idembin.Path(t), args...)
+	cmd.Env = idembin.Environ()
 	return cmd
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idemclient"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/testenv"
@@ -90,8 +91,8 @@ func startBank(t *testing.T, store string, faults ...string) *bank {
 func (b *bank) restart(faults ...string) {
 	b.t.Helper()
 	b.n++
-	cmd := exec.Command(idemBinary(b.t), append([]string{"provider", "--listen", b.addr, "--store", b.store}, faults...)...)
-	cmd.Env = cleanEnviron()
+	cmd := exec.Command(idembin.Path(b.t), append([]string{"provider", "--listen", b.addr, "--store", b.store}, faults...)...)
+	cmd.Env = idembin.Environ()
 	b.proc = start(b.t, fmt.Sprintf("provider#%d", b.n), cmd)
 }
 
@@ -134,10 +135,10 @@ func (s *service) base() string { return "http://" + s.addr }
 func (s *service) restart(crashAt string) {
 	s.t.Helper()
 	s.n++
-	cmd := exec.Command(idemBinary(s.t), append([]string{"payments",
+	cmd := exec.Command(idembin.Path(s.t), append([]string{"payments",
 		"--listen", s.addr, "--provider-url", s.providerURL, "--store", s.store,
 		"--tokens", payTenant + "=" + payToken}, s.args...)...)
-	cmd.Env = cleanEnviron()
+	cmd.Env = idembin.Environ()
 	name := fmt.Sprintf("payments#%d", s.n)
 	if crashAt != "" {
 		cmd.Env = append(cmd.Env, "IDEM_PAYMENTS_CRASH_AT="+crashAt)

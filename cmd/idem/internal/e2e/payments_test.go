@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/storeurl"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 // Waits of `idem payments` that the tests sit out on real time. keyLease
@@ -190,7 +191,7 @@ const (
 // retries, faults and crashes, not throughput. Under -race everything is
 // about ten times slower.
 func soakPause() time.Duration {
-	if raceEnabled() {
+	if testenv.RaceEnabled {
 		return 1500 * time.Millisecond
 	}
 	return 150 * time.Millisecond

@@ -22,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idemamqp"
 	"github.com/idem-dev/idem/idemnats"
 	"github.com/idem-dev/idem/idemsqlite"
@@ -145,7 +146,7 @@ func pipelineKills(t *testing.T, kind string) {
 	startConsumer := func() *proc {
 		consumers++
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(cleanEnviron(), consumerEnv+"="+spec)
+		cmd.Env = append(idembin.Environ(), consumerEnv+"="+spec)
 		return start(t, fmt.Sprintf("consumer#%d", consumers), cmd)
 	}
 	consumer := startConsumer()

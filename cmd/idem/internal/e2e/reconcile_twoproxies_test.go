@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idemmaint"
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -133,7 +134,7 @@ func TestTwoProxiesAskOncePerPass(t *testing.T) {
 	up.Server = srv
 
 	// The two reconcilers, on the same schema, told apart by a header.
-	idemBinary(t) // built once per run: not part of the test's timing
+	idembin.Path(t) // built once per run: not part of the test's timing
 	begin := time.Now()
 	reconcilers := make(map[string]*proc)
 	for _, name := range []string{"proxy-m1", "proxy-m2"} {

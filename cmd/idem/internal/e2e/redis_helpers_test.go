@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -151,8 +152,8 @@ func freePort(t *testing.T) int {
 // startRedisProxy starts `idem proxy` in front of upstream on the Redis.
 func startRedisProxy(t *testing.T, name, upstream string, r *redisServer, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(idemBinary(t), append([]string{"proxy",
+	cmd := exec.Command(idembin.Path(t), append([]string{"proxy",
 		"--listen", "127.0.0.1:0", "--upstream", upstream, "--store", r.URL()}, args...)...)
-	cmd.Env = cleanEnviron()
+	cmd.Env = idembin.Environ()
 	return start(t, name, cmd)
 }

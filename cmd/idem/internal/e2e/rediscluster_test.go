@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/internal/testenv/redisproc"
 )
 
@@ -64,8 +65,8 @@ func TestRedisClusterProxiesUnderReshard(t *testing.T) {
 	up := newUpstream(t, 0, nil)
 	var proxies []*proc
 	for i := range 2 {
-		cmd := exec.Command(idemBinary(t), "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--store", store)
-		cmd.Env = cleanEnviron()
+		cmd := exec.Command(idembin.Path(t), "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--store", store)
+		cmd.Env = idembin.Environ()
 		proxies = append(proxies, start(t, fmt.Sprintf("proxy-%d", i), cmd))
 	}
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/idemstore"
 	"github.com/idem-dev/idem/internal/testenv"
@@ -44,7 +45,7 @@ var phaseNames = []string{"phase1", "phase2", "phase3"}
 func (e *env) startChild(name, mode string, extra map[string]string) *proc {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(cleanEnviron(),
+	cmd.Env = append(idembin.Environ(),
 		childEnv+"="+mode,
 		childDBEnv+"="+testenv.PostgresURL(e.t),
 		childSchema+"="+e.schema,

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -88,9 +89,9 @@ func TestSQLiteKilledProxyUnknownOutlivesRetention(t *testing.T) {
 	up := newUpstream(t, 0, block)
 	defer close(block)
 	startSQLiteProxy := func(name string) *proc {
-		cmd := exec.Command(idemBinary(t), "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL,
+		cmd := exec.Command(idembin.Path(t), "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL,
 			"--store", store, "--lease", "1s", "--ttl", "3s")
-		cmd.Env = cleanEnviron()
+		cmd.Env = idembin.Environ()
 		return start(t, name, cmd)
 	}
 	a := startSQLiteProxy("proxy-a")
@@ -122,8 +123,8 @@ func killMidRequest(t *testing.T, a *proc, up *upstream, key, body string) {
 // maintainOnce runs `idem maintain --once` (sweeper, reaper) on store.
 func maintainOnce(t *testing.T, store string) {
 	t.Helper()
-	cmd := exec.Command(idemBinary(t), "maintain", "--once", "--store", store)
-	cmd.Env = cleanEnviron()
+	cmd := exec.Command(idembin.Path(t), "maintain", "--once", "--store", store)
+	cmd.Env = idembin.Environ()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("idem maintain --once: %v\n%s", err, out)
 	}
