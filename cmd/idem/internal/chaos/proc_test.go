@@ -5,6 +5,7 @@ package chaos
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -43,15 +44,38 @@ func proxyHasFlag(t *testing.T, flag string) bool {
 	return strings.Contains(helpText, "-"+flag+" ")
 }
 
-// freePort returns a loopback port that was free a moment ago.
+// freePort returns a loopback port that was free a moment ago, below the
+// kernel's range of ephemeral ports: a process the campaign restarts on the
+// same port must not find it taken, while it was down, as the source port
+// of some other connection (seen in ten-minute runs side by side: "bind:
+// address already in use" for seconds, until the connection closed).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo := ephemeralLow()
+	for range 200 {
+		port := 10000 + rand.IntN(lo-10000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			ln.Close()
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free port in 10000-%d", lo)
+	return 0
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range
+// (ip_local_port_range), or 32768, Linux's default, when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 10100 {
+				return lo
+			}
+		}
+	}
+	return 32768
 }
 
 // proc is a server process the campaign kills, stops and restarts: it
