@@ -88,6 +88,10 @@ type proc struct {
 	port int
 	log  string
 
+	// life serializes starts and kills: two faults on one proxy overlap
+	// (a kill's restart beside another kill's), and two starts at once
+	// left one process holding the port while the other was tracked.
+	life sync.Mutex
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -104,8 +108,13 @@ func (p *proc) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.port) 
 
 // start starts the process and waits until it accepts connections. A
 // process that exits first (its store is down at start) is started again
-// until the deadline.
+// until the deadline. A process already running is left as it is.
 func (p *proc) start(within time.Duration) error {
+	p.life.Lock()
+	defer p.life.Unlock()
+	if p.running() {
+		return nil
+	}
 	deadline := time.Now().Add(within)
 	for {
 		err := p.startOnce(deadline)
@@ -148,7 +157,7 @@ func (p *proc) startOnce(deadline time.Time) error {
 		case <-time.After(20 * time.Millisecond): // the process starts on real time
 		}
 		if time.Now().After(deadline) {
-			p.kill()
+			p.stop()
 			return fmt.Errorf("%s did not listen on port %d in time (see %s)", p.name, p.port, p.log)
 		}
 	}
@@ -157,6 +166,14 @@ func (p *proc) startOnce(deadline time.Time) error {
 // kill sends SIGKILL (after SIGCONT, so a stopped process dies too) and
 // waits until the process is gone.
 func (p *proc) kill() {
+	p.life.Lock()
+	defer p.life.Unlock()
+	p.stop()
+}
+
+// stop kills the running process, if any, and waits for it to exit. The
+// caller holds p.life.
+func (p *proc) stop() {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
 	p.mu.Unlock()
