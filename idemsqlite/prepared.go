@@ -104,11 +104,14 @@ func (st statements) close() error {
 }
 
 // preparedQuerier runs the statements it has prepared through them, in tx
-// when tx is set, and sends the text of the others to q.
+// when tx is set, and sends the text of the others to q. txst, when set,
+// keeps the statements made for tx, so that the writes of a batch make each
+// once.
 type preparedQuerier struct {
-	q  querier
-	tx *sql.Tx
-	st statements
+	q    querier
+	tx   *sql.Tx
+	st   statements
+	txst map[*sql.Stmt]*sql.Stmt
 }
 
 // stmt returns the prepared statement of query and its arguments, or nil.
@@ -118,7 +121,14 @@ func (p preparedQuerier) stmt(ctx context.Context, query string, args []any) (*s
 		return nil, nil
 	}
 	if p.tx != nil {
-		return p.tx.StmtContext(ctx, st.stmt), st.bind(args)
+		ts, ok := p.txst[st.stmt]
+		if !ok {
+			ts = p.tx.StmtContext(ctx, st.stmt)
+			if p.txst != nil {
+				p.txst[st.stmt] = ts
+			}
+		}
+		return ts, st.bind(args)
 	}
 	return st.stmt, st.bind(args)
 }
