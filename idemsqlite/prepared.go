@@ -15,11 +15,13 @@ import (
 // compiling costs more CPU than running them. Open therefore prepares the
 // statements of the request path once, on the write pool and on the read
 // pool; the store's write transactions use the write pool's through
-// Tx.StmtContext, which finds them prepared on the one write connection. A
-// store made by New prepares none (its schema may not exist yet) and sends
-// the text. Transactions of KeyBeginTx use them too; the caller's own
-// (CompleteTx, CheckpointTx) send the text, as they may come from another
-// *sql.DB on the same file.
+// Tx.StmtContext, which finds them prepared on the one write connection
+// (once per statement and transaction: a batch's writes share them). They
+// are prepared with anonymous parameters (see positional). A store made by
+// New prepares none (its schema may not exist yet) and sends the text.
+// Transactions of KeyBeginTx use them too; the caller's own (CompleteTx,
+// CheckpointTx) send the text, as they may come from another *sql.DB on the
+// same file.
 
 // writeStatements are prepared on the write pool, readStatements on the
 // read pool.
