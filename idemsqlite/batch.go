@@ -61,6 +61,11 @@ type batcher struct {
 	// max bounds the writes of one batch.
 	max int
 
+	// stmts are the prepared statements made for the running transaction
+	// (Tx.StmtContext), by the pool's: the batch's writes share them. Only
+	// the leader, running the batch, uses it.
+	stmts map[*sql.Stmt]*sql.Stmt
+
 	mu      sync.Mutex
 	queue   []*write
 	leading bool // a leader is running a batch
@@ -228,6 +233,10 @@ func (b *batcher) run(conn *sql.Conn, tx *sql.Tx, err error, batch []*write) {
 // written, runTx rolls tx back and returns its index; else it returns -1
 // and whether tx committed.
 func (b *batcher) runTx(ctx context.Context, tx *sql.Tx, ws []*write, savepoints bool) (redo int, committed bool) {
+	if b.stmts == nil {
+		b.stmts = make(map[*sql.Stmt]*sql.Stmt)
+	}
+	clear(b.stmts)
 	var doomed error // fails the whole batch
 	for i, w := range ws {
 		sp := len(ws) > 1 && (savepoints || !w.atomic)

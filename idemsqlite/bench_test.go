@@ -61,6 +61,39 @@ func BenchmarkReserveParallel(b *testing.B) {
 	reportBatches(b, s)
 }
 
+// BenchmarkNewKeyParallel measures what a new key costs the store under
+// load: a reservation and then a completion with a small response (as `idem
+// proxy` stores for its benchmark's upstream), from 16 goroutines per CPU,
+// each write durable (synchronous=FULL) in a group commit.
+func BenchmarkNewKeyParallel(b *testing.B) {
+	s := openStore(b, nil)
+	ctx := b.Context()
+	resp := &idemstore.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Content-Length": {"110"}},
+		Body:   []byte(`{"method":"POST","path":"/v1/payments","body":{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}}`),
+	}
+	var n atomic.Int64
+	b.SetParallelism(16)
+	defer reportCPU(b)()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			id := idemstore.Identity{Scope: "bench", Endpoint: "POST /v1/payments", Key: fmt.Sprint("key-", n.Add(1))}
+			_, err := s.KeyReserve(ctx, &idemstore.ReserveParams{
+				Identity: id, Fingerprint: "f", Token: "t", Lease: time.Minute, TTL: time.Hour,
+			})
+			if err == nil {
+				err = s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "t", Response: resp})
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportBatches(b, s)
+}
+
 // completedStore returns a store holding one completed record with a 1 KiB
 // body.
 func completedStore(b *testing.B) (*idemsqlite.Store, idemstore.Identity) {

@@ -447,7 +447,7 @@ func (s *Store) insert(ctx context.Context, tx querier, p *idemstore.ReservePara
 // without a savepoint. f may run more than once (see batcher).
 func (s *Store) writeTx(ctx context.Context, atomic bool, f func(ctx context.Context, tx querier) error) error {
 	return s.batch.do(ctx, atomic, func(ctx context.Context, tx *sql.Tx) error {
-		return f(ctx, preparedQuerier{q: tx, tx: tx, st: s.wst})
+		return f(ctx, preparedQuerier{q: tx, tx: tx, st: s.wst, txst: s.batch.stmts})
 	})
 }
 
