@@ -33,21 +33,25 @@ func (a reserveArgs) call(k *boxedKeys) []any {
 type completeArgs struct {
 	now   int64
 	token string
-	// resp is the response; with expected, its status, header and body are
-	// "" (the script reads them from record when it needs them).
+	// resp is the response, sent when proof is "" (the script reads it
+	// from record otherwise).
 	resp encodedResponse
-	// expected is the record as the reservation wrote it, or "" when
-	// unknown; record is then what completing it writes (completedValue),
-	// with its Redis TTL (milliseconds) and expiry index score.
-	expected, record string
-	redisTTL         int64
-	expiryScore      string
+	// proof is the head and token of the record as the reservation wrote
+	// it, or "" when unknown; record is then what completing it writes
+	// (completedValue), with its Redis TTL (milliseconds) and expiry index
+	// score.
+	proof, record string
+	redisTTL      int64
+	expiryScore   string
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+12), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.token, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body,
-		k.member, k.channel, a.expected, a.record, a.redisTTL, a.expiryScore)
+	call := append(newCall(1+5+9), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token, k.member, k.channel)
+	if a.proof == "" {
+		return append(call, argEmpty, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
+	}
+	return append(call, a.proof, len(a.proof)-1, a.record, a.redisTTL, a.expiryScore)
 }
 
 // finishArgs are the arguments of release.lua and mark_unknown.lua (which

@@ -243,19 +243,22 @@ func newRecordValue(p *idemstore.ReserveParams, les idemstore.State, now, locked
 // completedValue returns, as stored, the record that complete.lua would
 // write at now (Unix microseconds) for token and resp when it finds the
 // record v, with the Redis TTL (milliseconds) and expiry index score it
-// would give it. ok is false when v is not such a record: not in_progress
-// with token and no waiters, its lease ended, or past its retention; the
-// script then decides from the record it finds.
-func completedValue(v string, now int64, token string, resp encodedResponse) (rec string, ttl int64, expiresAt string, ok bool) {
+// would give it, and the proof the script looks for: v's head and token, the
+// start of v (a slice of it). ok is false when v is not such a record: not
+// in_progress with token and no waiters, its lease ended, or past its
+// retention; the script then decides from the record it finds.
+func completedValue(v string, now int64, token string, resp encodedResponse) (rec, proof string, ttl int64, expiresAt string, ok bool) {
 	var f recordFields
 	if f.parse(v) != nil || f.state != string(idemstore.StateInProgress) || f.token != token || f.waiters != "0" {
-		return "", 0, "", false
+		return "", "", 0, "", false
 	}
 	lockedUntil, err1 := strconv.ParseInt(f.lockedUntil, 10, 64)
 	exp, err2 := strconv.ParseInt(f.expiresAt, 10, 64)
 	if err1 != nil || err2 != nil || now >= lockedUntil || now > exp {
-		return "", 0, "", false
+		return "", "", 0, "", false
 	}
+	// The token follows the head and its ';'.
+	proof = v[:strings.IndexByte(v, ';')+1+len(f.token)]
 	f.state, f.updatedAt = string(idemstore.StateCompleted), strconv.FormatInt(now, 10)
 	f.header, f.body = "", ""
 	var header, body []byte
@@ -267,7 +270,7 @@ func completedValue(v string, now int64, token string, resp encodedResponse) (re
 	}
 	// As settled in lua/lib.lua: the remaining retention plus the slack.
 	ttl = (exp-now)/1000 + ttlSlack.Milliseconds()
-	return encodeWith(&f, header, body), ttl, f.expiresAt, true
+	return encodeWith(&f, header, body), proof, ttl, f.expiresAt, true
 }
 
 // argBytes returns a script argument of encodedResponse ([]byte or "") as

@@ -280,10 +280,9 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if v := s.keys.takeWritten(p.Identity); v != "" {
 		// The record is likely still the one this store's reservation
 		// wrote: the script writes the completed one built here when it
-		// is, without decoding or encoding a record.
-		if rec, ttl, score, ok := completedValue(v, a.now, p.Token, resp); ok {
-			a.expected, a.record, a.redisTTL, a.expiryScore = v, rec, ttl, score
-			a.resp.status, a.resp.header, a.resp.body = argEmpty, argEmpty, argEmpty
+		// finds the start of it, without decoding or encoding a record.
+		if rec, proof, ttl, score, ok := completedValue(v, a.now, p.Token, resp); ok {
+			a.proof, a.record, a.redisTTL, a.expiryScore = proof, rec, ttl, score
 		}
 	}
 	err = s.run(ctx, completeScript, a.call(s.keysOf(p.Identity).boxed)).Err()

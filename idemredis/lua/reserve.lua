@@ -14,7 +14,27 @@
 -- not reserved (a replay: the string as stored, not decoded), or
 -- {1, record} for a record taken over.
 local now = tonumber(ARGV[1])
-local got = redis.pcall('GET', KEYS[1])
+-- A new key first: SET NX inserts the record where there is none, and GET
+-- returns what there was (nil for nothing: done but for the indexes).
+local got
+if ARGV[4] == '0' then
+  got = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', 'GET')
+else
+  got = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[4], 'NX', 'GET')
+end
+if not got then
+  if ARGV[7] ~= '0' then
+    expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
+  end
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
+  return 1
+end
+if type(got) == 'table' and not string.find(got.err or '', '^WRONGTYPE') then
+  -- Before Redis 7, NX and GET do not go together (a syntax error); or
+  -- the server refuses a write (above maxmemory, a replay must still be
+  -- answered): read, then write below.
+  got = redis.pcall('GET', KEYS[1])
+end
 if type(got) == 'string' then
   -- A replay, the common case of a key seen before: one match decides it.
   local expires_at = string.match(got, DONE)
