@@ -5,6 +5,11 @@ package idemredis
 // them, and one method that lays out the keys and arguments in the
 // script's order. Nothing else in the package knows a position.
 //
+// reserve.lua and complete.lua, the scripts of every new key, take the
+// record's index member and channel from its key (member_of and channel_of
+// of lua/lib.lua) rather than as arguments: each argument costs the server
+// its parsing and its hashing into Lua.
+//
 // The scripts that Store.run sends get the whole command from their
 // builder's call method (see newCall): one slice, allocated once at its
 // final size, holding the record's names as keysOf boxed them and the
@@ -25,8 +30,8 @@ type reserveArgs struct {
 }
 
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.record, a.lockedUntil, a.redisTTL, k.member, k.channel, a.expiryScore)
+	return append(newCall(1+5+5), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
 }
 
 // completeArgs are complete.lua's arguments.
@@ -46,8 +51,8 @@ type completeArgs struct {
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	call := append(newCall(1+5+9), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.token, k.member, k.channel)
+	call := append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
+		a.now, a.token)
 	if a.proof == "" {
 		return append(call, argEmpty, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
 	}

@@ -19,13 +19,13 @@ var (
 // ReservePositions are reserve.lua's argument positions that the raw loop
 // changes.
 type ReservePositions struct {
-	Now, Record, LockedUntil, Member, Channel int
+	Now, Record, LockedUntil int
 }
 
 // CompletePositions are complete.lua's argument positions that the raw
 // loop changes.
 type CompletePositions struct {
-	Now, Token, Member, Channel int
+	Now, Token int
 }
 
 // markerKeys are names boxed as keysOf boxes them, each its own value.
@@ -38,8 +38,6 @@ func reserveArgv() ReservePositions {
 		Now:         position(argv, int64(1)),
 		Record:      position(argv, "record"),
 		LockedUntil: position(argv, int64(2)),
-		Member:      position(argv, "member"),
-		Channel:     position(argv, "channel"),
 	}
 }
 
@@ -66,10 +64,8 @@ func completeArgv() CompletePositions {
 		resp: encodedResponse{notReplayable: "nr", status: "status", header: "header", body: "body"},
 	}.call(markerKeys))
 	return CompletePositions{
-		Now:     position(argv, int64(1)),
-		Token:   position(argv, "token"),
-		Member:  position(argv, "member"),
-		Channel: position(argv, "channel"),
+		Now:   position(argv, int64(1)),
+		Token: position(argv, "token"),
 	}
 }
 

@@ -2,36 +2,36 @@
 -- token matches and the record is in_progress or unknown.
 --
 -- KEYS: see record_keys.
--- ARGV[1] now, ARGV[2] token, ARGV[3] lease index member, ARGV[4] channel,
--- ARGV[5] '' when the caller does not know the record, then ARGV[6]
--- not_replayable ('1' or '0'), ARGV[7] status, ARGV[8] header, ARGV[9]
--- body. Otherwise ARGV[5] is the proof of the record as the reservation
--- wrote it: its head and token, the start of the stored string (see
--- codec.go); ARGV[6] the proof's last offset (its length less one),
--- ARGV[7] the record this script writes when it finds the proof (built by
+-- ARGV[1] now, ARGV[2] token, ARGV[3] '' when the caller does not know the
+-- record, then ARGV[4] not_replayable ('1' or '0'), ARGV[5] status, ARGV[6]
+-- header, ARGV[7] body. Otherwise ARGV[3] is the proof of the record as the
+-- reservation wrote it: its head and token, the start of the stored string
+-- (see codec.go); ARGV[4] the proof's last offset (its length less one),
+-- ARGV[5] the record this script writes when it finds the proof (built by
 -- the caller as below: the caller checked that the reservation's record is
 -- in_progress with the token, no waiters, its lease and retention running
--- at now), ARGV[8] its Redis TTL in ms, ARGV[9] its expires_at.
+-- at now), ARGV[6] its Redis TTL in ms, ARGV[7] its expires_at.
 --
 -- The proof suffices: every script that changes an in_progress record
 -- changes its head (state, times, waiters) or its token, and the variable
 -- fields that follow the token (fingerprint, identity, recovery point) are
 -- set with a new token only.
-local now = tonumber(ARGV[1])
+local member = member_of(KEYS[1])
 local not_replayable, status, header, body
-if ARGV[5] ~= '' then
-  if redis.pcall('GETRANGE', KEYS[1], 0, ARGV[6]) == ARGV[5] then
-    -- Unchanged since the reservation: the outcome is ARGV[7].
-    redis.call('SET', KEYS[1], ARGV[7], 'PX', ARGV[8])
-    redis.call('ZREM', KEYS[2], ARGV[3])
-    expiry_indexed(KEYS[3], ARGV[3], ARGV[9], now)
+if ARGV[3] ~= '' then
+  if redis.pcall('GETRANGE', KEYS[1], 0, ARGV[4]) == ARGV[3] then
+    -- Unchanged since the reservation: the outcome is ARGV[5].
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+    redis.call('ZREM', KEYS[2], member)
+    expiry_indexed(KEYS[3], member, ARGV[7], ARGV[1])
     return 1
   end
-  local n = decode(ARGV[7])
+  local n = decode(ARGV[5])
   not_replayable, status, header, body = n.not_replayable, n.status, n.header, n.body
 else
-  not_replayable, status, header, body = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  not_replayable, status, header, body = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 end
+local now = tonumber(ARGV[1])
 local r = load(KEYS[1])
 if not r or expired(r, now) or not fenced(r, ARGV[2]) then
   return lease_lost()
@@ -47,8 +47,8 @@ if not_replayable == '1' then
 else
   r.status, r.header, r.body = status, header, body
 end
-redis.call('ZREM', KEYS[2], ARGV[3])
-local ttl = settled(record_keys(), ARGV[3], r, now, was_unknown)
-notify(r, ARGV[4])
+redis.call('ZREM', KEYS[2], member)
+local ttl = settled(record_keys(), member, r, now, was_unknown)
+notify(r)
 save(KEYS[1], r, ttl)
 return 1

@@ -211,10 +211,11 @@ end
 -- were removed by Redis's TTL long ago, and nobody may run KeyReap. That is
 -- four entries per settlement, as often as records expire, for a sixteenth
 -- of the lookups.
+-- now may be the decimal string of ARGV: converted only to prune.
 local function expiry_indexed(expiry, m, expires_at, now)
   if string.byte(m, -1) == 48 then
     local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
-      '(' .. string.format('%d', now - PRUNE_AFTER_US), 'LIMIT', 0, 64)
+      '(' .. string.format('%d', tonumber(now) - PRUNE_AFTER_US), 'LIMIT', 0, 64)
     if #stale > 0 then
       redis.call('ZREM', expiry, unpack(stale))
     end
@@ -240,16 +241,35 @@ local function settled(k, m, r, now, was_unknown)
   return math.max(math.floor((expires_at - now) / 1000), 0) + TTL_SLACK_MS
 end
 
+-- member_of returns the index member of the record at key: the 64 hex
+-- digits that end its name (keys.go names a record prefix{bucket}:r:member).
+-- A script that takes the member from its key rather than as an argument
+-- spares the server an argument (the string's parsing, and its hashing
+-- into Lua, cost as much as this substring).
+local function member_of(key)
+  return string.sub(key, -64)
+end
+
+-- channel_of returns the pub/sub channel of the record at key:
+-- prefix{bucket}:c:member.
+local function channel_of(key)
+  return string.sub(key, 1, -68) .. ':c:' .. string.sub(key, -64)
+end
+
 -- notify tells the waiters registered on r (KeyWait, see wait.lua) that it
 -- changed: a sharded channel in the record's slot on Redis 7, a classic
--- channel before it. Nothing is published when nobody waits. The waiters
--- it wakes register again if they wait again, so the count starts afresh;
--- the caller saves r (or deletes it).
+-- channel before it (channel, or channel_of(KEYS[1]) when nil). Nothing is
+-- published when nobody waits. The waiters it wakes register again if they
+-- wait again, so the count starts afresh; the caller saves r (or deletes
+-- it).
 local function notify(r, channel)
   if r.waiters == '0' or r.waiters == '' then
     return
   end
   r.waiters = '0'
+  if channel == nil then
+    channel = channel_of(KEYS[1])
+  end
   if not pcall(redis.call, 'SPUBLISH', channel, '1') then
     redis.call('PUBLISH', channel, '1')
   end

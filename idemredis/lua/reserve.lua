@@ -6,14 +6,13 @@
 -- KEYS: see record_keys.
 -- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
 -- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 for none: a lease
--- that expires into unknown), ARGV[5] index member, ARGV[6] channel,
--- ARGV[7] its expires_at when the expiry index must list it from the start
--- (it may expire in progress: its lease turns released or outlives its
--- retention), otherwise 0
+-- that expires into unknown), ARGV[5] its expires_at when the expiry index
+-- must list it from the start (it may expire in progress: its lease turns
+-- released or outlives its retention), otherwise 0
 -- Returns 1 for a new record (the one of the arguments), the record for one
 -- not reserved (a replay: the string as stored, not decoded), or
 -- {1, record} for a record taken over.
-local now = tonumber(ARGV[1])
+local member = member_of(KEYS[1])
 -- A new key first: SET NX inserts the record where there is none, and GET
 -- returns what there was (nil for nothing: done but for the indexes).
 local got
@@ -23,10 +22,10 @@ else
   got = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[4], 'NX', 'GET')
 end
 if not got then
-  if ARGV[7] ~= '0' then
-    expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
+  if ARGV[5] ~= '0' then
+    expiry_indexed(KEYS[3], member, ARGV[5], ARGV[1])
   end
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
+  redis.call('ZADD', KEYS[2], ARGV[3], member)
   return 1
 end
 if type(got) == 'table' and not string.find(got.err or '', '^WRONGTYPE') then
@@ -35,6 +34,7 @@ if type(got) == 'table' and not string.find(got.err or '', '^WRONGTYPE') then
   -- answered): read, then write below.
   got = redis.pcall('GET', KEYS[1])
 end
+local now = tonumber(ARGV[1])
 if type(got) == 'string' then
   -- A replay, the common case of a key seen before: one match decides it.
   local expires_at = string.match(got, DONE)
@@ -46,7 +46,7 @@ local r, stored = load(KEYS[1], true, got)
 
 if r and expired(r, now) then
   -- Gone: replaced below.
-  redis.call('ZREM', KEYS[2], ARGV[5])
+  redis.call('ZREM', KEYS[2], member)
   r = nil
 end
 
@@ -58,10 +58,10 @@ if not r then
   else
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
   end
-  if ARGV[7] ~= '0' then
-    expiry_indexed(KEYS[3], ARGV[5], ARGV[7], now)
+  if ARGV[5] ~= '0' then
+    expiry_indexed(KEYS[3], member, ARGV[5], now)
   end
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
+  redis.call('ZADD', KEYS[2], ARGV[3], member)
   return 1
 end
 
@@ -92,15 +92,15 @@ if lease_expired(r, now) then
   -- Decided on this request; it does not wait for the sweeper.
   r.state = r.lease_expired_state
   r.updated_at = ARGV[1]
-  redis.call('ZREM', KEYS[2], ARGV[5])
+  redis.call('ZREM', KEYS[2], member)
   if r.state == 'unknown' then
-    turned_unknown(record_keys(), ARGV[5], r, ARGV[1])
+    turned_unknown(record_keys(), member, r, ARGV[1])
     ttl = 'none'
   else
-    expiry_indexed(KEYS[3], ARGV[5], r.expires_at, now)
+    expiry_indexed(KEYS[3], member, r.expires_at, now)
     ttl = 'keep'
   end
-  notify(r, ARGV[6])
+  notify(r)
 end
 
 if r.state == 'released' then
@@ -121,7 +121,7 @@ if r.state == 'released' then
     else
       save(KEYS[1], r, 'keep')
     end
-    redis.call('ZADD', KEYS[2], r.locked_until, ARGV[5])
+    redis.call('ZADD', KEYS[2], r.locked_until, member)
     return {1, encode(r)}
   end
 end
