@@ -27,11 +27,13 @@ type reserveArgs struct {
 	// expiryScore is the record's expires_at when the expiry index must
 	// list it from the start, otherwise 0.
 	expiryScore int64
+	// allKeys sends the five keys rather than the first three (see
+	// keysOfCall).
+	allKeys bool
 }
 
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+5), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
+	return append(keysOfCall(k, a.allKeys, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
 }
 
 // completeArgs are complete.lua's arguments.
@@ -48,15 +50,33 @@ type completeArgs struct {
 	proof, record string
 	redisTTL      int64
 	expiryScore   string
+	// allKeys sends the five keys rather than the first three (see
+	// keysOfCall).
+	allKeys bool
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	call := append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.token)
+	call := append(keysOfCall(k, a.allKeys, 7), a.now, a.token)
 	if a.proof == "" {
 		return append(call, argEmpty, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
 	}
 	return append(call, a.proof, len(a.proof)-1, a.record, a.redisTTL, a.expiryScore)
+}
+
+// keysOfCall starts the command of reserve.lua or complete.lua, with room
+// for its args arguments: all five keys of the record with all, otherwise
+// the three a new key needs (record, lease and expiry indexes). A script
+// that finds it needs the other two (the unknown and reconcile indexes, when
+// a record turns unknown or leaves it) answers IDEM_ALL_KEYS before it
+// writes anything, and the call is sent again with all five (see
+// runAllKeys): Redis builds the KEYS table of a script one element at a
+// time, and two keys fewer spare it a resize of the table and their hashing
+// into Lua on every new key.
+func keysOfCall(k *boxedKeys, all bool, args int) []any {
+	if all {
+		return append(newCall(1+5+args), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile)
+	}
+	return append(newCall(1+3+args), argKeys3, k.record, k.index, k.expiry)
 }
 
 // finishArgs are the arguments of release.lua and mark_unknown.lua (which

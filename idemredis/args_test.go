@@ -53,8 +53,8 @@ func TestArgsMatchScripts(t *testing.T) {
 		script string
 		call   []any
 	}{
-		{"reserve.lua", reserveArgs{}.call(k.boxed)},
-		{"complete.lua", completeArgs{resp: resp}.call(k.boxed)},
+		{"reserve.lua", reserveArgs{allKeys: true}.call(k.boxed)},
+		{"complete.lua", completeArgs{resp: resp, allKeys: true}.call(k.boxed)},
 		{"release.lua", finishArgs{}.call(k.boxed)},
 		{"mark_unknown.lua", finishArgs{}.call(k.boxed)},
 		{"delete.lua", finishArgs{}.deleteCall(k.boxed)},
@@ -64,6 +64,13 @@ func TestArgsMatchScripts(t *testing.T) {
 		{"purge.lua", purgeArgs{}.call(k.boxed)},
 		{"reconcile_fail.lua", reconcileFailArgs{}.call(k.boxed)},
 		{"wait.lua", waitArgs{}.call(k.boxed)},
+	}
+	// The three keys of a new key, at the final size too.
+	for _, call := range [][]any{reserveArgs{}.call(k.boxed), completeArgs{resp: resp}.call(k.boxed),
+		completeArgs{proof: "p"}.call(k.boxed)} {
+		if len(call) != cap(call) || call[2] != any(3) || call[3] != any(k.record) {
+			t.Errorf("three-key call %v: %d elements in room for %d", call, len(call), cap(call))
+		}
 	}
 	tag := k.record[:strings.IndexByte(k.record, '}')+1]
 	for _, c := range calls {

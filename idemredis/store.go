@@ -160,7 +160,13 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		// the retention): KeyReap must find it before it settles.
 		a.expiryScore = expiresAt
 	}
-	reply, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Result()
+	k := s.keysOf(p.Identity).boxed
+	cmd := s.run(ctx, reserveScript, a.call(k))
+	if needsAllKeys(cmd.Err()) {
+		a.allKeys = true
+		cmd = s.run(ctx, reserveScript, a.call(k))
+	}
+	reply, err := cmd.Result()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 	}
@@ -285,7 +291,12 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 			a.proof, a.record, a.redisTTL, a.expiryScore = proof, rec, ttl, score
 		}
 	}
-	err = s.run(ctx, completeScript, a.call(s.keysOf(p.Identity).boxed)).Err()
+	k := s.keysOf(p.Identity).boxed
+	err = s.run(ctx, completeScript, a.call(k)).Err()
+	if needsAllKeys(err) {
+		a.allKeys = true
+		err = s.run(ctx, completeScript, a.call(k)).Err()
+	}
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
 	}
@@ -348,6 +359,13 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 		return fmt.Errorf("resolving key: %w", interpretError(err))
 	}
 	return nil
+}
+
+// needsAllKeys reports whether err is the answer of reserve.lua or
+// complete.lua sent with three keys that need all five (see keysOfCall):
+// they wrote nothing.
+func needsAllKeys(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "IDEM_ALL_KEYS")
 }
 
 // interpretError maps Redis replies to the idemstore sentinels: redis.Nil

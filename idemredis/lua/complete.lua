@@ -1,7 +1,9 @@
 -- complete.lua stores the response and moves the record to completed when the
 -- token matches and the record is in_progress or unknown.
 --
--- KEYS: see record_keys.
+-- KEYS: see record_keys; only the first three when the caller hopes the
+-- record is as its reservation wrote it (it needs the others where the
+-- record was unknown, and then answers all_keys_needed).
 -- ARGV[1] now, ARGV[2] token, ARGV[3] '' when the caller does not know the
 -- record, then ARGV[4] not_replayable ('1' or '0'), ARGV[5] status, ARGV[6]
 -- header, ARGV[7] body. Otherwise ARGV[3] is the proof of the record as the
@@ -40,6 +42,9 @@ if r.state ~= 'in_progress' and r.state ~= 'unknown' then
   return lease_lost()
 end
 local was_unknown = is_unknown(r, now)
+if was_unknown and #KEYS < 5 then
+  return all_keys_needed()
+end
 
 r.state, r.updated_at = 'completed', ARGV[1]
 if not_replayable == '1' then

@@ -283,6 +283,14 @@ local function fenced(r, token)
   return r.token == token
 end
 
+-- all_keys_needed is the answer of reserve.lua or complete.lua when they
+-- were given the first three keys only and need all five (args.go,
+-- keysOfCall): they return it before they write anything, and the caller
+-- sends the call again with the five.
+local function all_keys_needed()
+  return redis.error_reply('IDEM_ALL_KEYS')
+end
+
 -- record_keys names the keys of a script that takes all five: KEYS[1]
 -- record, KEYS[2] lease index, KEYS[3] expiry index, KEYS[4] unknown
 -- (backlog) index, KEYS[5] reconcile index.

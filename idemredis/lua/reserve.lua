@@ -3,7 +3,9 @@
 -- existing record, applying a lease expiry it finds. One round trip; a replay
 -- (completed record) writes nothing.
 --
--- KEYS: see record_keys.
+-- KEYS: see record_keys; only the first three when the caller hopes for a
+-- new key (it needs the others where a lease turns unknown, and then
+-- answers all_keys_needed).
 -- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
 -- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 for none: a lease
 -- that expires into unknown), ARGV[5] its expires_at when the expiry index
@@ -43,6 +45,9 @@ if type(got) == 'string' then
   end
 end
 local r, stored = load(KEYS[1], true, got)
+if r and #KEYS < 5 and lease_expired(r, now) and r.lease_expired_state == 'unknown' then
+  return all_keys_needed()
+end
 
 if r and expired(r, now) then
   -- Gone: replaced below.
