@@ -32,8 +32,17 @@ type reserveArgs struct {
 	allKeys bool
 }
 
+// call leaves out redisTTL and expiryScore when they are 0, as a new key
+// of the default lease (which expires into unknown) has them, and
+// expiryScore when it is 0.
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(keysOfCall(k, a.allKeys, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
+	switch {
+	case a.expiryScore != 0:
+		return append(keysOfCall(k, a.allKeys, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
+	case a.redisTTL != 0:
+		return append(keysOfCall(k, a.allKeys, 4), a.now, a.record, a.lockedUntil, a.redisTTL)
+	}
+	return append(keysOfCall(k, a.allKeys, 3), a.now, a.record, a.lockedUntil)
 }
 
 // completeArgs are complete.lua's arguments.

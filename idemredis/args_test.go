@@ -53,7 +53,7 @@ func TestArgsMatchScripts(t *testing.T) {
 		script string
 		call   []any
 	}{
-		{"reserve.lua", reserveArgs{allKeys: true}.call(k.boxed)},
+		{"reserve.lua", reserveArgs{allKeys: true, redisTTL: 1, expiryScore: 2}.call(k.boxed)},
 		{"complete.lua", completeArgs{resp: resp, allKeys: true}.call(k.boxed)},
 		{"release.lua", finishArgs{}.call(k.boxed)},
 		{"mark_unknown.lua", finishArgs{}.call(k.boxed)},
@@ -65,8 +65,10 @@ func TestArgsMatchScripts(t *testing.T) {
 		{"reconcile_fail.lua", reconcileFailArgs{}.call(k.boxed)},
 		{"wait.lua", waitArgs{}.call(k.boxed)},
 	}
-	// The three keys of a new key, at the final size too.
-	for _, call := range [][]any{reserveArgs{}.call(k.boxed), completeArgs{resp: resp}.call(k.boxed),
+	// The three keys of a new key, and the shorter reserve calls, at the
+	// final size too.
+	for _, call := range [][]any{reserveArgs{}.call(k.boxed), reserveArgs{redisTTL: 1}.call(k.boxed),
+		completeArgs{resp: resp}.call(k.boxed),
 		completeArgs{proof: "p"}.call(k.boxed)} {
 		if len(call) != cap(call) || call[2] != any(3) || call[3] != any(k.record) {
 			t.Errorf("three-key call %v: %d elements in room for %d", call, len(call), cap(call))

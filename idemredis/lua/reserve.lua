@@ -7,25 +7,28 @@
 -- new key (it needs the others where a lease turns unknown, and then
 -- answers all_keys_needed).
 -- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
--- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 for none: a lease
--- that expires into unknown), ARGV[5] its expires_at when the expiry index
--- must list it from the start (it may expire in progress: its lease turns
--- released or outlives its retention), otherwise 0
+-- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 or absent for none:
+-- a lease that expires into unknown), ARGV[5] its expires_at when the
+-- expiry index must list it from the start (it may expire in progress: its
+-- lease turns released or outlives its retention), otherwise 0 or absent.
+-- (Each argument costs the server its parsing and its hashing into Lua,
+-- and a fourth one a resize of the ARGV table.)
 -- Returns 1 for a new record (the one of the arguments), the record for one
 -- not reserved (a replay: the string as stored, not decoded), or
 -- {1, record} for a record taken over.
 local member = member_of(KEYS[1])
+local ttl_ms, expiry_score = ARGV[4] or '0', ARGV[5] or '0'
 -- A new key first: SET NX inserts the record where there is none, and GET
 -- returns what there was (nil for nothing: done but for the indexes).
 local got
-if ARGV[4] == '0' then
+if ttl_ms == '0' then
   got = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', 'GET')
 else
-  got = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[4], 'NX', 'GET')
+  got = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ttl_ms, 'NX', 'GET')
 end
 if not got then
-  if ARGV[5] ~= '0' then
-    expiry_indexed(KEYS[3], member, ARGV[5], ARGV[1])
+  if expiry_score ~= '0' then
+    expiry_indexed(KEYS[3], member, expiry_score, ARGV[1])
   end
   redis.call('ZADD', KEYS[2], ARGV[3], member)
   return 1
@@ -58,13 +61,13 @@ end
 if not r then
   -- A lease that expires into unknown must never be removed by Redis's TTL:
   -- the TTL is set when the record is settled (see settled).
-  if ARGV[4] == '0' then
+  if ttl_ms == '0' then
     redis.call('SET', KEYS[1], ARGV[2])
   else
-    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl_ms)
   end
-  if ARGV[5] ~= '0' then
-    expiry_indexed(KEYS[3], member, ARGV[5], now)
+  if expiry_score ~= '0' then
+    expiry_indexed(KEYS[3], member, expiry_score, now)
   end
   redis.call('ZADD', KEYS[2], ARGV[3], member)
   return 1
@@ -121,7 +124,7 @@ if r.state == 'released' then
     r.not_replayable, r.status, r.header, r.body = '0', '', '', ''
     r.reconcile_after, r.reconcile_attempts, r.reconcile_error = '0', '0', ''
     r.waiters = '0'
-    if ARGV[4] == '0' then
+    if ttl_ms == '0' then
       save(KEYS[1], r, 'none')
     else
       save(KEYS[1], r, 'keep')
