@@ -27,8 +27,8 @@ type reserveArgs struct {
 	// expiryScore is the record's expires_at when the expiry index must
 	// list it from the start, otherwise 0.
 	expiryScore int64
-	// allKeys sends the five keys rather than the first three (see
-	// keysOfCall).
+	// allKeys sends the five keys rather than the first two (see
+	// keysOfCall); so does an expiryScore.
 	allKeys bool
 }
 
@@ -38,11 +38,19 @@ type reserveArgs struct {
 func (a reserveArgs) call(k *boxedKeys) []any {
 	switch {
 	case a.expiryScore != 0:
-		return append(keysOfCall(k, a.allKeys, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
+		return append(keysOfCall(k, 5, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
 	case a.redisTTL != 0:
-		return append(keysOfCall(k, a.allKeys, 4), a.now, a.record, a.lockedUntil, a.redisTTL)
+		return append(keysOfCall(k, a.keys(), 4), a.now, a.record, a.lockedUntil, a.redisTTL)
 	}
-	return append(keysOfCall(k, a.allKeys, 3), a.now, a.record, a.lockedUntil)
+	return append(keysOfCall(k, a.keys(), 3), a.now, a.record, a.lockedUntil)
+}
+
+// keys is how many keys call sends.
+func (a reserveArgs) keys() int {
+	if a.allKeys {
+		return 5
+	}
+	return 2
 }
 
 // completeArgs are complete.lua's arguments.
@@ -65,7 +73,11 @@ type completeArgs struct {
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	call := append(keysOfCall(k, a.allKeys, 7), a.now, a.token)
+	n := 3
+	if a.allKeys {
+		n = 5
+	}
+	call := append(keysOfCall(k, n, 7), a.now, a.token)
 	if a.proof == "" {
 		return append(call, argEmpty, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
 	}
@@ -73,19 +85,22 @@ func (a completeArgs) call(k *boxedKeys) []any {
 }
 
 // keysOfCall starts the command of reserve.lua or complete.lua, with room
-// for its args arguments: all five keys of the record with all, otherwise
-// the three a new key needs (record, lease and expiry indexes). A script
-// that finds it needs the other two (the unknown and reconcile indexes, when
-// a record turns unknown or leaves it) answers IDEM_ALL_KEYS before it
-// writes anything, and the call is sent again with all five (see
-// runAllKeys): Redis builds the KEYS table of a script one element at a
-// time, and two keys fewer spare it a resize of the table and their hashing
-// into Lua on every new key.
-func keysOfCall(k *boxedKeys, all bool, args int) []any {
-	if all {
-		return append(newCall(1+5+args), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile)
+// for its args arguments, with the first n of the record's five keys: all
+// five, or the few a new key needs (the record and its lease index for a
+// reservation, and its expiry index for a completion). A script that finds
+// it needs the others (where a lease ran out, or a record leaves unknown)
+// answers IDEM_ALL_KEYS before it writes anything, and the call is sent
+// again with all five: Redis builds the KEYS table of a script one element
+// at a time, resizing it at each power of two, and hashes every key into
+// Lua, on every call.
+func keysOfCall(k *boxedKeys, n int, args int) []any {
+	switch n {
+	case 2:
+		return append(newCall(1+2+args), argKeys2, k.record, k.index)
+	case 3:
+		return append(newCall(1+3+args), argKeys3, k.record, k.index, k.expiry)
 	}
-	return append(newCall(1+3+args), argKeys3, k.record, k.index, k.expiry)
+	return append(newCall(1+5+args), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile)
 }
 
 // finishArgs are the arguments of release.lua and mark_unknown.lua (which

@@ -65,13 +65,18 @@ func TestArgsMatchScripts(t *testing.T) {
 		{"reconcile_fail.lua", reconcileFailArgs{}.call(k.boxed)},
 		{"wait.lua", waitArgs{}.call(k.boxed)},
 	}
-	// The three keys of a new key, and the shorter reserve calls, at the
-	// final size too.
-	for _, call := range [][]any{reserveArgs{}.call(k.boxed), reserveArgs{redisTTL: 1}.call(k.boxed),
-		completeArgs{resp: resp}.call(k.boxed),
-		completeArgs{proof: "p"}.call(k.boxed)} {
-		if len(call) != cap(call) || call[2] != any(3) || call[3] != any(k.record) {
-			t.Errorf("three-key call %v: %d elements in room for %d", call, len(call), cap(call))
+	// The shorter calls of a new key (two keys for reserve.lua, three for
+	// complete.lua, fewer arguments for a lease that expires into
+	// unknown), at their final size too.
+	for _, c := range []struct {
+		call []any
+		keys int
+	}{
+		{reserveArgs{}.call(k.boxed), 2}, {reserveArgs{redisTTL: 1}.call(k.boxed), 2},
+		{completeArgs{resp: resp}.call(k.boxed), 3}, {completeArgs{proof: "p"}.call(k.boxed), 3},
+	} {
+		if len(c.call) != cap(c.call) || c.call[2] != any(c.keys) || c.call[3] != any(k.record) {
+			t.Errorf("short call %v: %d elements in room for %d, want %d keys", c.call, len(c.call), cap(c.call), c.keys)
 		}
 	}
 	tag := k.record[:strings.IndexByte(k.record, '}')+1]

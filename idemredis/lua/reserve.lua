@@ -3,9 +3,9 @@
 -- existing record, applying a lease expiry it finds. One round trip; a replay
 -- (completed record) writes nothing.
 --
--- KEYS: see record_keys; only the first three when the caller hopes for a
--- new key (it needs the others where a lease turns unknown, and then
--- answers all_keys_needed).
+-- KEYS: see record_keys; only the first two when the caller hopes for a
+-- new key or a replay (the script needs the others where it finds a lease
+-- that ran out, and then answers all_keys_needed) and ARGV[5] is absent.
 -- ARGV[1] now, ARGV[2] the new record (in_progress, its times from now),
 -- ARGV[3] its locked_until, ARGV[4] Redis TTL in ms (0 or absent for none:
 -- a lease that expires into unknown), ARGV[5] its expires_at when the
@@ -48,7 +48,7 @@ if type(got) == 'string' then
   end
 end
 local r, stored = load(KEYS[1], true, got)
-if r and #KEYS < 5 and lease_expired(r, now) and r.lease_expired_state == 'unknown' then
+if r and #KEYS < 5 and lease_expired(r, now) then
   return all_keys_needed()
 end
 
