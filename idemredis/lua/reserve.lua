@@ -16,7 +16,6 @@
 -- Returns 1 for a new record (the one of the arguments), the record for one
 -- not reserved (a replay: the string as stored, not decoded), or
 -- {1, record} for a record taken over.
-local member = member_of(KEYS[1])
 local ttl_ms, expiry_score = ARGV[4] or '0', ARGV[5] or '0'
 -- A new key first: SET NX inserts the record where there is none, and GET
 -- returns what there was (nil for nothing: done but for the indexes).
@@ -27,6 +26,7 @@ else
   got = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ttl_ms, 'NX', 'GET')
 end
 if not got then
+  local member = member_of(KEYS[1])
   if expiry_score ~= '0' then
     expiry_indexed(KEYS[3], member, expiry_score, ARGV[1])
   end
@@ -47,6 +47,7 @@ if type(got) == 'string' then
     return got
   end
 end
+local member = member_of(KEYS[1])
 local r, stored = load(KEYS[1], true, got)
 if r and #KEYS < 5 and lease_expired(r, now) then
   return all_keys_needed()
