@@ -137,7 +137,7 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 // KeyReserve atomically inserts a new in_progress record, takes over a
 // released one (with the same fingerprint) or an expired lease that turns
 // released, and otherwise returns the existing record. One script, one
-// round trip.
+// round trip (two when it finds a lease that ran out: see keysOfCall).
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	les := p.LeaseExpiredState
 	if les == "" {
@@ -362,8 +362,8 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 }
 
 // needsAllKeys reports whether err is the answer of reserve.lua or
-// complete.lua sent with three keys that need all five (see keysOfCall):
-// they wrote nothing.
+// complete.lua sent with their first keys only that need all five (see
+// keysOfCall): they wrote nothing.
 func needsAllKeys(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "IDEM_ALL_KEYS")
 }

@@ -284,7 +284,7 @@ local function fenced(r, token)
 end
 
 -- all_keys_needed is the answer of reserve.lua or complete.lua when they
--- were given the first three keys only and need all five (args.go,
+-- were given the first keys only (two or three) and need all five (args.go,
 -- keysOfCall): they return it before they write anything, and the caller
 -- sends the call again with the five.
 local function all_keys_needed()
