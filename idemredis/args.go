@@ -77,11 +77,12 @@ func (a completeArgs) call(k *boxedKeys) []any {
 	if a.allKeys {
 		n = 5
 	}
-	call := append(keysOfCall(k, n, 7), a.now, a.token)
 	if a.proof == "" {
-		return append(call, argEmpty, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
+		return append(keysOfCall(k, n, 6), a.now, a.token,
+			a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
 	}
-	return append(call, a.proof, len(a.proof)-1, a.record, a.redisTTL, a.expiryScore)
+	// now and the token are in the record and the proof.
+	return append(keysOfCall(k, n, 5), a.proof, len(a.proof)-1, a.record, a.redisTTL, a.expiryScore)
 }
 
 // keysOfCall starts the command of reserve.lua or complete.lua, with room

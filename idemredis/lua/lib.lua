@@ -88,6 +88,9 @@ end
 -- reservation finds a record to replay (see load).
 local PEEK = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),'
 
+-- UPDATED_AT matches the head of a record and captures its updated_at.
+local UPDATED_AT = '^2,[%l_]*,[%l_]*,[%d-]*,[%d-]*,[%d-]*,[%d-]*,[%d-]*,([%d-]*),'
+
 -- DONE matches the head of a completed record and captures its expires_at:
 -- a reservation that finds one still retained answers a replay with this
 -- one match.
@@ -205,15 +208,20 @@ local function turned_unknown(k, m, r, now_arg)
   redis.call('ZADD', k.reconcile, r.reconcile_after, m)
 end
 
+-- prunes reports whether expiry_indexed prunes the bucket of member m.
+local function prunes(m)
+  return string.byte(m, -1) == 48
+end
+
 -- expiry_indexed adds a settled record to the expiry index. One settlement
--- in 16 (those whose member, a hex SHA-256, ends in 0) also drops up to 64
--- entries of its bucket that are PRUNE_AFTER_US past due: their records
--- were removed by Redis's TTL long ago, and nobody may run KeyReap. That is
--- four entries per settlement, as often as records expire, for a sixteenth
--- of the lookups.
--- now may be the decimal string of ARGV: converted only to prune.
+-- in 16 (those whose member, a hex SHA-256, ends in 0: see prunes) also
+-- drops up to 64 entries of its bucket that are PRUNE_AFTER_US past due:
+-- their records were removed by Redis's TTL long ago, and nobody may run
+-- KeyReap. That is four entries per settlement, as often as records expire,
+-- for a sixteenth of the lookups. now may be the decimal string of ARGV:
+-- it is converted only to prune, and not needed where prunes(m) is false.
 local function expiry_indexed(expiry, m, expires_at, now)
-  if string.byte(m, -1) == 48 then
+  if prunes(m) then
     local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
       '(' .. string.format('%d', tonumber(now) - PRUNE_AFTER_US), 'LIMIT', 0, 64)
     if #stale > 0 then
