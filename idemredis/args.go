@@ -5,6 +5,11 @@ package idemredis
 // them, and one method that lays out the keys and arguments in the
 // script's order. Nothing else in the package knows a position.
 //
+// reserve.lua and complete.lua, the scripts of every new key, take the
+// record's index member and channel from its key (member_of and channel_of
+// of lua/lib.lua) rather than as arguments: each argument costs the server
+// its parsing and its hashing into Lua.
+//
 // The scripts that Store.run sends get the whole command from their
 // builder's call method (see newCall): one slice, allocated once at its
 // final size, holding the record's names as keysOf boxed them and the
@@ -22,32 +27,81 @@ type reserveArgs struct {
 	// expiryScore is the record's expires_at when the expiry index must
 	// list it from the start, otherwise 0.
 	expiryScore int64
+	// allKeys sends the five keys rather than the first two (see
+	// keysOfCall); so does an expiryScore.
+	allKeys bool
 }
 
+// call leaves out redisTTL and expiryScore when they are 0, as a new key
+// of the default lease (which expires into unknown) has them, and
+// expiryScore when it is 0.
 func (a reserveArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+7), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.record, a.lockedUntil, a.redisTTL, k.member, k.channel, a.expiryScore)
+	switch {
+	case a.expiryScore != 0:
+		return append(keysOfCall(k, 5, 5), a.now, a.record, a.lockedUntil, a.redisTTL, a.expiryScore)
+	case a.redisTTL != 0:
+		return append(keysOfCall(k, a.keys(), 4), a.now, a.record, a.lockedUntil, a.redisTTL)
+	}
+	return append(keysOfCall(k, a.keys(), 3), a.now, a.record, a.lockedUntil)
+}
+
+// keys is how many keys call sends.
+func (a reserveArgs) keys() int {
+	if a.allKeys {
+		return 5
+	}
+	return 2
 }
 
 // completeArgs are complete.lua's arguments.
 type completeArgs struct {
 	now   int64
 	token string
-	// resp is the response; with expected, its status, header and body are
-	// "" (the script reads them from record when it needs them).
+	// resp is the response, sent when proof is "" (the script reads it
+	// from record otherwise).
 	resp encodedResponse
-	// expected is the record as the reservation wrote it, or "" when
-	// unknown; record is then what completing it writes (completedValue),
-	// with its Redis TTL (milliseconds) and expiry index score.
-	expected, record string
-	redisTTL         int64
-	expiryScore      string
+	// proof is the head and token of the record as the reservation wrote
+	// it, or "" when unknown; record is then what completing it writes
+	// (completedValue), with its Redis TTL (milliseconds) and expiry index
+	// score.
+	proof, record string
+	redisTTL      int64
+	expiryScore   string
+	// allKeys sends the five keys rather than the first three (see
+	// keysOfCall).
+	allKeys bool
 }
 
 func (a completeArgs) call(k *boxedKeys) []any {
-	return append(newCall(1+5+12), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile,
-		a.now, a.token, a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body,
-		k.member, k.channel, a.expected, a.record, a.redisTTL, a.expiryScore)
+	n := 3
+	if a.allKeys {
+		n = 5
+	}
+	if a.proof == "" {
+		return append(keysOfCall(k, n, 6), a.now, a.token,
+			a.resp.notReplayable, a.resp.status, a.resp.header, a.resp.body)
+	}
+	// now and the token are in the record and the proof.
+	return append(keysOfCall(k, n, 5), a.proof, len(a.proof)-1, a.record, a.redisTTL, a.expiryScore)
+}
+
+// keysOfCall starts the command of reserve.lua or complete.lua, with room
+// for its args arguments, with the first n of the record's five keys: all
+// five, or the few a new key needs (the record and its lease index for a
+// reservation, and its expiry index for a completion). A script that finds
+// it needs the others (where a lease ran out, or a record leaves unknown)
+// answers IDEM_ALL_KEYS before it writes anything, and the call is sent
+// again with all five: Redis builds the KEYS table of a script one element
+// at a time, resizing it at each power of two, and hashes every key into
+// Lua, on every call.
+func keysOfCall(k *boxedKeys, n int, args int) []any {
+	switch n {
+	case 2:
+		return append(newCall(1+2+args), argKeys2, k.record, k.index)
+	case 3:
+		return append(newCall(1+3+args), argKeys3, k.record, k.index, k.expiry)
+	}
+	return append(newCall(1+5+args), argKeys5, k.record, k.index, k.expiry, k.unknown, k.reconcile)
 }
 
 // finishArgs are the arguments of release.lua and mark_unknown.lua (which

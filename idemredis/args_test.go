@@ -53,8 +53,8 @@ func TestArgsMatchScripts(t *testing.T) {
 		script string
 		call   []any
 	}{
-		{"reserve.lua", reserveArgs{}.call(k.boxed)},
-		{"complete.lua", completeArgs{resp: resp}.call(k.boxed)},
+		{"reserve.lua", reserveArgs{allKeys: true, redisTTL: 1, expiryScore: 2}.call(k.boxed)},
+		{"complete.lua", completeArgs{resp: resp, allKeys: true}.call(k.boxed)},
 		{"release.lua", finishArgs{}.call(k.boxed)},
 		{"mark_unknown.lua", finishArgs{}.call(k.boxed)},
 		{"delete.lua", finishArgs{}.deleteCall(k.boxed)},
@@ -64,6 +64,20 @@ func TestArgsMatchScripts(t *testing.T) {
 		{"purge.lua", purgeArgs{}.call(k.boxed)},
 		{"reconcile_fail.lua", reconcileFailArgs{}.call(k.boxed)},
 		{"wait.lua", waitArgs{}.call(k.boxed)},
+	}
+	// The shorter calls of a new key (two keys for reserve.lua, three for
+	// complete.lua, fewer arguments for a lease that expires into
+	// unknown), at their final size too.
+	for _, c := range []struct {
+		call []any
+		keys int
+	}{
+		{reserveArgs{}.call(k.boxed), 2}, {reserveArgs{redisTTL: 1}.call(k.boxed), 2},
+		{completeArgs{resp: resp}.call(k.boxed), 3}, {completeArgs{proof: "p"}.call(k.boxed), 3},
+	} {
+		if len(c.call) != cap(c.call) || c.call[2] != any(c.keys) || c.call[3] != any(k.record) {
+			t.Errorf("short call %v: %d elements in room for %d, want %d keys", c.call, len(c.call), cap(c.call), c.keys)
+		}
 	}
 	tag := k.record[:strings.IndexByte(k.record, '}')+1]
 	for _, c := range calls {

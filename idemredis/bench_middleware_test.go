@@ -214,12 +214,9 @@ func BenchmarkMiddlewareRedisReplay(b *testing.B) {
 	work.report()
 }
 
-// The positions of the arguments the raw loop changes (ARGV[1] is 0 here),
-// named by the store's argument builders.
-var (
-	reserveArg  = idemredis.ReserveArgv
-	completeArg = idemredis.CompleteArgv
-)
+// The positions of the reserve arguments the raw loop changes (ARGV[1] is 0
+// here), named by the store's argument builder.
+var reserveArg = idemredis.ReserveArgv
 
 // micros reads a recorded time argument (decimal Unix microseconds).
 func micros(b *testing.B, v any) int64 {
@@ -265,7 +262,10 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 	p := newRedisBench(b)
 	reserve, complete := p.learn(b)
 	times := reserveTimesOf(b, reserve)
-	member := fmt.Sprint(reserve.args[reserveArg.Member])
+	// The completion of each record, as KeyComplete sends it.
+	completeOf := idemredis.NewCompleteBuilder(complete.args)
+	// The record's name ends with its member (the scripts read it there).
+	member := reserve.keys[0][len(reserve.keys[0])-64:]
 	tag := reserve.keys[0][strings.IndexByte(reserve.keys[0], '{') : strings.IndexByte(reserve.keys[0], '}')+1]
 	rename := func(name, newTag, newMember string) string {
 		return strings.Replace(strings.Replace(name, tag, newTag, 1), member, newMember, 1)
@@ -280,7 +280,6 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 		rkeys := make([]string, len(reserve.keys))
 		ckeys := make([]string, len(complete.keys))
 		rargs := append([]any(nil), reserve.args...)
-		cargs := append([]any(nil), complete.args...)
 		for pb.Next() {
 			i := n.Add(1)
 			key := "key-" + strconv.FormatInt(i, 10)
@@ -294,8 +293,6 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			}
 			token := m[:32]
 			times.set(rargs, key, token, time.Now().UnixMicro())
-			rargs[reserveArg.Member] = m
-			rargs[reserveArg.Channel] = rename(fmt.Sprint(reserve.args[reserveArg.Channel]), t, m)
 			v, err := reserve.run(ctx, p.client, rkeys, rargs).Result()
 			if err != nil || v != int64(1) {
 				b.Fatalf("reserve: %v (%v)", err, v)
@@ -303,9 +300,7 @@ func rawRedisNewKey(b *testing.B, handler bool) {
 			if handler {
 				benchkit.BareRequest(key, benchkit.BodyN(i))
 			}
-			cargs[completeArg.Now] = strconv.FormatInt(time.Now().UnixMicro(), 10)
-			cargs[completeArg.Token], cargs[completeArg.Member] = token, m
-			cargs[completeArg.Channel] = rename(fmt.Sprint(complete.args[completeArg.Channel]), t, m)
+			cargs := completeOf(rargs[reserveArg.Record].(string), time.Now().UnixMicro())
 			if err := complete.run(ctx, p.client, ckeys, cargs).Err(); err != nil {
 				b.Fatalf("complete: %v", err)
 			}

@@ -164,12 +164,13 @@ func (f *recordFields) parseUpTo(v string, prefix bool) error {
 // encodeFields returns f as stored. A field of f left empty that the
 // layout needs (a number) is written as its zero.
 func encodeFields(f *recordFields) string {
-	return encodeWith(f, nil, nil)
+	return encodeWith(f, -1, nil, nil)
 }
 
 // encodeWith is encodeFields with header and body appended to f's
-// (completedValue passes the response's bytes, copied once, here).
-func encodeWith(f *recordFields, header, body []byte) string {
+// (completedValue passes the response's bytes, copied once, here), and
+// updatedAt (Unix microseconds) for f's updated_at unless it is negative.
+func encodeWith(f *recordFields, updatedAt int64, header, body []byte) string {
 	zero := func(s string) string {
 		if s == "" {
 			return "0"
@@ -179,17 +180,21 @@ func encodeWith(f *recordFields, header, body []byte) string {
 	var b strings.Builder
 	b.Grow(256 + len(f.token) + len(f.fingerprint) + len(f.scope) + len(f.endpoint) + len(f.key) +
 		len(f.recoveryPoint) + len(f.reconcileError) + len(f.header) + len(f.body) + len(header) + len(body))
+	var num [20]byte
 	b.WriteString("2")
-	for _, v := range [...]string{f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt,
+	for i, v := range [...]string{f.state, f.leaseExpiredState, f.lockedUntil, f.expiresAt,
 		f.ttl, f.createdAt, f.startedAt, f.updatedAt, zero(f.attempts),
 		zero(f.reconcileAfter), zero(f.reconcileAttempts), zero(f.waiters),
 		zero(f.notReplayable), f.status} {
 		b.WriteByte(',')
+		if i == 7 && updatedAt >= 0 {
+			b.Write(strconv.AppendInt(num[:0], updatedAt, 10))
+			continue
+		}
 		b.WriteString(v)
 	}
 	variable := [...]string{f.token, f.fingerprint, f.scope, f.endpoint, f.key,
 		f.recoveryPoint, f.reconcileError}
-	var num [20]byte
 	for _, v := range variable {
 		b.WriteByte(',')
 		b.Write(strconv.AppendInt(num[:0], int64(len(v)), 10))
@@ -243,20 +248,23 @@ func newRecordValue(p *idemstore.ReserveParams, les idemstore.State, now, locked
 // completedValue returns, as stored, the record that complete.lua would
 // write at now (Unix microseconds) for token and resp when it finds the
 // record v, with the Redis TTL (milliseconds) and expiry index score it
-// would give it. ok is false when v is not such a record: not in_progress
-// with token and no waiters, its lease ended, or past its retention; the
-// script then decides from the record it finds.
-func completedValue(v string, now int64, token string, resp encodedResponse) (rec string, ttl int64, expiresAt string, ok bool) {
+// would give it, and the proof the script looks for: v's head and token, the
+// start of v (a slice of it). ok is false when v is not such a record: not
+// in_progress with token and no waiters, its lease ended, or past its
+// retention; the script then decides from the record it finds.
+func completedValue(v string, now int64, token string, resp encodedResponse) (rec, proof string, ttl int64, expiresAt string, ok bool) {
 	var f recordFields
 	if f.parse(v) != nil || f.state != string(idemstore.StateInProgress) || f.token != token || f.waiters != "0" {
-		return "", 0, "", false
+		return "", "", 0, "", false
 	}
 	lockedUntil, err1 := strconv.ParseInt(f.lockedUntil, 10, 64)
 	exp, err2 := strconv.ParseInt(f.expiresAt, 10, 64)
 	if err1 != nil || err2 != nil || now >= lockedUntil || now > exp {
-		return "", 0, "", false
+		return "", "", 0, "", false
 	}
-	f.state, f.updatedAt = string(idemstore.StateCompleted), strconv.FormatInt(now, 10)
+	// The token follows the head and its ';'.
+	proof = v[:strings.IndexByte(v, ';')+1+len(f.token)]
+	f.state, f.updatedAt = string(idemstore.StateCompleted), ""
 	f.header, f.body = "", ""
 	var header, body []byte
 	if resp.notReplayable == argTrue {
@@ -267,7 +275,7 @@ func completedValue(v string, now int64, token string, resp encodedResponse) (re
 	}
 	// As settled in lua/lib.lua: the remaining retention plus the slack.
 	ttl = (exp-now)/1000 + ttlSlack.Milliseconds()
-	return encodeWith(&f, header, body), ttl, f.expiresAt, true
+	return encodeWith(&f, now, header, body), proof, ttl, f.expiresAt, true
 }
 
 // argBytes returns a script argument of encodedResponse ([]byte or "") as

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -552,9 +553,12 @@ func TestCompletedValueMatchesScript(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, ttl, score, ok := completedValue(reserved, us(at), "tok", enc)
+		want, proof, ttl, score, ok := completedValue(reserved, us(at), "tok", enc)
 		if !ok {
 			t.Fatalf("%s: completedValue refused the record it reserved: %q", name, reserved)
+		}
+		if head, _, _ := strings.Cut(reserved, ";"); proof != head+";tok" {
+			t.Errorf("%s: proof %q of %q, want its head and token", name, proof, reserved)
 		}
 		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "tok", Response: resp, NotReplayable: resp == nil}); err != nil {
 			t.Fatal(err)

@@ -6,26 +6,17 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// ReserveArgv and CompleteArgv name the positions in ARGV (from 0) of the
-// arguments of reserve.lua and complete.lua that the raw benchmark loop
-// (bench_middleware_test.go) changes in the calls it recorded. They are
-// read off the builders of args.go (a call built with distinct values,
-// each then looked up), so they follow them.
-var (
-	ReserveArgv  = reserveArgv()
-	CompleteArgv = completeArgv()
-)
+// ReserveArgv names the positions in ARGV (from 0) of the arguments of
+// reserve.lua that the raw benchmark loop (bench_middleware_test.go)
+// changes in the calls it recorded. They are read off the builder of
+// args.go (a call built with distinct values, each then looked up), so they
+// follow it.
+var ReserveArgv = reserveArgv()
 
 // ReservePositions are reserve.lua's argument positions that the raw loop
 // changes.
 type ReservePositions struct {
-	Now, Record, LockedUntil, Member, Channel int
-}
-
-// CompletePositions are complete.lua's argument positions that the raw
-// loop changes.
-type CompletePositions struct {
-	Now, Token, Member, Channel int
+	Now, Record, LockedUntil int
 }
 
 // markerKeys are names boxed as keysOf boxes them, each its own value.
@@ -38,8 +29,6 @@ func reserveArgv() ReservePositions {
 		Now:         position(argv, int64(1)),
 		Record:      position(argv, "record"),
 		LockedUntil: position(argv, int64(2)),
-		Member:      position(argv, "member"),
-		Channel:     position(argv, "channel"),
 	}
 }
 
@@ -61,15 +50,31 @@ func NewRecordBuilder(recorded string) func(key, token string, now int64) string
 	}
 }
 
-func completeArgv() CompletePositions {
-	argv := argvOf(completeArgs{now: 1, token: "token",
-		resp: encodedResponse{notReplayable: "nr", status: "status", header: "header", body: "body"},
-	}.call(markerKeys))
-	return CompletePositions{
-		Now:     position(argv, int64(1)),
-		Token:   position(argv, "token"),
-		Member:  position(argv, "member"),
-		Channel: position(argv, "channel"),
+// NewCompleteBuilder returns a function that makes complete.lua's
+// arguments as KeyComplete sends them for a record reserve.lua inserted
+// (its record argument) and completes at now (Unix microseconds), with the
+// response of recorded, the arguments of a recorded call that had the
+// proof of its reservation.
+func NewCompleteBuilder(recorded []any) func(reserved string, now int64) []any {
+	r, err := decodeRecord(fmt.Sprint(recorded[2]))
+	if err != nil {
+		panic(err)
+	}
+	resp, err := encodeResponse(r.Response, r.NotReplayable)
+	if err != nil {
+		panic(err)
+	}
+	return func(reserved string, now int64) []any {
+		f, err := decodeRecord(reserved)
+		if err != nil {
+			panic(err)
+		}
+		rec, proof, ttl, score, ok := completedValue(reserved, now, f.Token, resp)
+		if !ok {
+			panic("completedValue refused " + reserved)
+		}
+		a := completeArgs{now: now, token: f.Token, proof: proof, record: rec, redisTTL: ttl, expiryScore: score}
+		return argvOf(a.call(markerKeys))
 	}
 }
 

@@ -82,11 +82,14 @@ type recordKeys struct {
 	boxed *boxedKeys
 }
 
-// boxedKeys are a record's names boxed once as script arguments (see
-// args.go).
+// boxedKeys are a record's names as script arguments (see args.go): the
+// keys of a new key's scripts (reserve.lua and complete.lua) boxed once,
+// the others boxed by the calls that take them (each box is an allocation,
+// and most records are named for a new key and its completion only).
 type boxedKeys struct {
-	record, index, expiry, unknown, reconcile any // the keys
-	member, channel                           any // arguments
+	record, index, expiry any    // the keys of every script
+	unknown, reconcile    string // the keys of some
+	member, channel       string // arguments of some
 }
 
 // box returns k's names boxed.

@@ -94,3 +94,20 @@ func BenchmarkKeysOf(b *testing.B) {
 		_ = s.keysOf(testID)
 	}
 }
+
+// TestMemberAndChannelFromRecord checks what member_of and channel_of of
+// lua/lib.lua assume of keysOf: a record's name ends with its member of 64
+// hex digits, after ":r:", and its channel is the same name with ":c:".
+func TestMemberAndChannelFromRecord(t *testing.T) {
+	for _, prefix := range []string{"idem:", "", "a:r:b", "ü"} {
+		s := New(nil, &Config{Prefix: prefix})
+		for _, id := range []idemstore.Identity{testID, {}, {Scope: "s", Endpoint: ":r:", Key: "k:r:"}} {
+			k := s.keysOf(id)
+			member := k.record[len(k.record)-64:]                   // member_of
+			channel := k.record[:len(k.record)-67] + ":c:" + member // channel_of
+			if member != k.member || channel != k.channel || len(k.member) != 64 {
+				t.Errorf("prefix %q: record %s: member %s, channel %s; want %s, %s", prefix, k.record, member, channel, k.member, k.channel)
+			}
+		}
+	}
+}

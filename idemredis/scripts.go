@@ -96,7 +96,8 @@ var (
 	argEvalSha, argEval any = "evalsha", "eval"
 	argFcall            any = "fcall"
 	argKeys1            any = 1
-	argKeys3, argKeys5  any = 3, 5
+	argKeys2, argKeys3  any = 2, 3
+	argKeys5            any = 5
 )
 
 // newCall returns a command for run with room for n more elements (the

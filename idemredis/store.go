@@ -137,7 +137,7 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 // KeyReserve atomically inserts a new in_progress record, takes over a
 // released one (with the same fingerprint) or an expired lease that turns
 // released, and otherwise returns the existing record. One script, one
-// round trip.
+// round trip (two when it finds a lease that ran out: see keysOfCall).
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
 	les := p.LeaseExpiredState
 	if les == "" {
@@ -160,7 +160,13 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		// the retention): KeyReap must find it before it settles.
 		a.expiryScore = expiresAt
 	}
-	reply, err := s.run(ctx, reserveScript, a.call(s.keysOf(p.Identity).boxed)).Result()
+	k := s.keysOf(p.Identity).boxed
+	cmd := s.run(ctx, reserveScript, a.call(k))
+	if needsAllKeys(cmd.Err()) {
+		a.allKeys = true
+		cmd = s.run(ctx, reserveScript, a.call(k))
+	}
+	reply, err := cmd.Result()
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 	}
@@ -280,13 +286,17 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if v := s.keys.takeWritten(p.Identity); v != "" {
 		// The record is likely still the one this store's reservation
 		// wrote: the script writes the completed one built here when it
-		// is, without decoding or encoding a record.
-		if rec, ttl, score, ok := completedValue(v, a.now, p.Token, resp); ok {
-			a.expected, a.record, a.redisTTL, a.expiryScore = v, rec, ttl, score
-			a.resp.status, a.resp.header, a.resp.body = argEmpty, argEmpty, argEmpty
+		// finds the start of it, without decoding or encoding a record.
+		if rec, proof, ttl, score, ok := completedValue(v, a.now, p.Token, resp); ok {
+			a.proof, a.record, a.redisTTL, a.expiryScore = proof, rec, ttl, score
 		}
 	}
-	err = s.run(ctx, completeScript, a.call(s.keysOf(p.Identity).boxed)).Err()
+	k := s.keysOf(p.Identity).boxed
+	err = s.run(ctx, completeScript, a.call(k)).Err()
+	if needsAllKeys(err) {
+		a.allKeys = true
+		err = s.run(ctx, completeScript, a.call(k)).Err()
+	}
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
 	}
@@ -349,6 +359,13 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 		return fmt.Errorf("resolving key: %w", interpretError(err))
 	}
 	return nil
+}
+
+// needsAllKeys reports whether err is the answer of reserve.lua or
+// complete.lua sent with their first keys only that need all five (see
+// keysOfCall): they wrote nothing.
+func needsAllKeys(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "IDEM_ALL_KEYS")
 }
 
 // interpretError maps Redis replies to the idemstore sentinels: redis.Nil

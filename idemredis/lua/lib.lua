@@ -88,6 +88,9 @@ end
 -- reservation finds a record to replay (see load).
 local PEEK = '^2,([%l_]*),([%l_]*),([%d-]*),([%d-]*),'
 
+-- UPDATED_AT matches the head of a record and captures its updated_at.
+local UPDATED_AT = '^2,[%l_]*,[%l_]*,[%d-]*,[%d-]*,[%d-]*,[%d-]*,[%d-]*,([%d-]*),'
+
 -- DONE matches the head of a completed record and captures its expires_at:
 -- a reservation that finds one still retained answers a replay with this
 -- one match.
@@ -205,16 +208,22 @@ local function turned_unknown(k, m, r, now_arg)
   redis.call('ZADD', k.reconcile, r.reconcile_after, m)
 end
 
+-- prunes reports whether expiry_indexed prunes the bucket of member m.
+local function prunes(m)
+  return string.byte(m, -1) == 48
+end
+
 -- expiry_indexed adds a settled record to the expiry index. One settlement
--- in 16 (those whose member, a hex SHA-256, ends in 0) also drops up to 64
--- entries of its bucket that are PRUNE_AFTER_US past due: their records
--- were removed by Redis's TTL long ago, and nobody may run KeyReap. That is
--- four entries per settlement, as often as records expire, for a sixteenth
--- of the lookups.
+-- in 16 (those whose member, a hex SHA-256, ends in 0: see prunes) also
+-- drops up to 64 entries of its bucket that are PRUNE_AFTER_US past due:
+-- their records were removed by Redis's TTL long ago, and nobody may run
+-- KeyReap. That is four entries per settlement, as often as records expire,
+-- for a sixteenth of the lookups. now may be the decimal string of ARGV:
+-- it is converted only to prune, and not needed where prunes(m) is false.
 local function expiry_indexed(expiry, m, expires_at, now)
-  if string.byte(m, -1) == 48 then
+  if prunes(m) then
     local stale = redis.call('ZRANGEBYSCORE', expiry, '-inf',
-      '(' .. string.format('%d', now - PRUNE_AFTER_US), 'LIMIT', 0, 64)
+      '(' .. string.format('%d', tonumber(now) - PRUNE_AFTER_US), 'LIMIT', 0, 64)
     if #stale > 0 then
       redis.call('ZREM', expiry, unpack(stale))
     end
@@ -240,16 +249,35 @@ local function settled(k, m, r, now, was_unknown)
   return math.max(math.floor((expires_at - now) / 1000), 0) + TTL_SLACK_MS
 end
 
+-- member_of returns the index member of the record at key: the 64 hex
+-- digits that end its name (keys.go names a record prefix{bucket}:r:member).
+-- A script that takes the member from its key rather than as an argument
+-- spares the server an argument (the string's parsing, and its hashing
+-- into Lua, cost as much as this substring).
+local function member_of(key)
+  return string.sub(key, -64)
+end
+
+-- channel_of returns the pub/sub channel of the record at key:
+-- prefix{bucket}:c:member.
+local function channel_of(key)
+  return string.sub(key, 1, -68) .. ':c:' .. string.sub(key, -64)
+end
+
 -- notify tells the waiters registered on r (KeyWait, see wait.lua) that it
 -- changed: a sharded channel in the record's slot on Redis 7, a classic
--- channel before it. Nothing is published when nobody waits. The waiters
--- it wakes register again if they wait again, so the count starts afresh;
--- the caller saves r (or deletes it).
+-- channel before it (channel, or channel_of(KEYS[1]) when nil). Nothing is
+-- published when nobody waits. The waiters it wakes register again if they
+-- wait again, so the count starts afresh; the caller saves r (or deletes
+-- it).
 local function notify(r, channel)
   if r.waiters == '0' or r.waiters == '' then
     return
   end
   r.waiters = '0'
+  if channel == nil then
+    channel = channel_of(KEYS[1])
+  end
   if not pcall(redis.call, 'SPUBLISH', channel, '1') then
     redis.call('PUBLISH', channel, '1')
   end
@@ -261,6 +289,14 @@ end
 
 local function fenced(r, token)
   return r.token == token
+end
+
+-- all_keys_needed is the answer of reserve.lua or complete.lua when they
+-- were given the first keys only (two or three) and need all five (args.go,
+-- keysOfCall): they return it before they write anything, and the caller
+-- sends the call again with the five.
+local function all_keys_needed()
+  return redis.error_reply('IDEM_ALL_KEYS')
 end
 
 -- record_keys names the keys of a script that takes all five: KEYS[1]
