@@ -26,6 +26,6 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	}
 	n := &record{Record: *r}
 	n.Response = s.storedIn(&n.response, p.Response)
-	s.records[n.Identity] = n // the stored identity's strings
+	s.records.put(n)
 	return nil
 }

@@ -44,7 +44,7 @@ type Store struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	records map[idemstore.Identity]*record
+	records recordMap
 	// waiters holds, per identity, a channel closed at the next change.
 	waiters map[idemstore.Identity]*waiter
 	// values are the committed business writes of transactions (Tx.Put).
@@ -62,6 +62,7 @@ type Store struct {
 type record struct {
 	idemstore.Record
 	response idemstore.Response // what Record.Response points to, once completed
+	next     *record            // in recordMap, the next record of the same hash
 }
 
 // waiter is the wake-up channel of one identity.
@@ -86,7 +87,7 @@ func New(cfg *Config) *Store {
 	}
 	return &Store{
 		now:     c.Now,
-		records: make(map[idemstore.Identity]*record),
+		records: newRecordMap(),
 		waiters: make(map[idemstore.Identity]*waiter),
 		values:  make(map[string]string),
 	}
@@ -95,7 +96,7 @@ func New(cfg *Config) *Store {
 // live returns the stored record of id unless it is missing or expired
 // (idemstore.Record.Expired: never an unknown one). The caller holds s.mu.
 func (s *Store) live(id idemstore.Identity, now time.Time) *idemstore.Record {
-	r := s.records[id]
+	r := s.records.get(id)
 	if r == nil || r.Expired(now) {
 		return nil
 	}
@@ -157,7 +158,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		r.CreatedAt, r.UpdatedAt = now, now
 		r.ExpiresAt = now.Add(p.TTL)
 		r.TTL = p.TTL
-		s.records[r.Identity] = n
+		s.records.put(n)
 		s.changed(r.Identity)
 		return reserveResult(true, r), nil
 	}
@@ -214,9 +215,9 @@ func viewRecord(r *idemstore.Record, now time.Time) *idemstore.Record {
 
 // fenced returns the live record of id when token owns it and its state is
 // one of states, else ErrLeaseLost. The caller holds s.mu.
-func (s *Store) fenced(id idemstore.Identity, token string, now time.Time, states ...idemstore.State) (*idemstore.Record, error) {
-	r := s.live(id, now)
-	if r == nil || r.Token != token || !slices.Contains(states, r.State) {
+func (s *Store) fenced(id idemstore.Identity, token string, now time.Time, states ...idemstore.State) (*record, error) {
+	r := s.records.get(id)
+	if r == nil || r.Expired(now) || r.Token != token || !slices.Contains(states, r.State) {
 		return nil, idemstore.ErrLeaseLost
 	}
 	return r, nil
@@ -234,7 +235,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return err
 	}
-	complete(r, p, s.storedIn(&s.records[p.Identity].response, p.Response), now)
+	complete(&r.Record, p, s.storedIn(&r.response, p.Response), now)
 	s.changed(p.Identity)
 	return nil
 }
@@ -275,7 +276,7 @@ func (s *Store) transition(ctx context.Context, p *idemstore.FinishParams, to id
 		return err
 	}
 	if to != idemstore.StateUnknown {
-		settle(r, now)
+		settle(&r.Record, now)
 	}
 	r.State = to
 	r.UpdatedAt = now
@@ -293,7 +294,7 @@ func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error 
 	if _, err := s.fenced(p.Identity, p.Token, s.now(), idemstore.StateInProgress); err != nil {
 		return err
 	}
-	delete(s.records, p.Identity)
+	s.records.del(p.Identity)
 	s.changed(p.Identity)
 	return nil
 }
@@ -341,7 +342,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	r.Response = nil
 	r.NotReplayable = false
 	if p.To == idemstore.StateCompleted {
-		r.Response = s.storedIn(&s.records[p.Identity].response, p.Response)
+		r.Response = s.storedIn(&s.records.get(p.Identity).response, p.Response)
 		r.NotReplayable = p.Response == nil
 	}
 	s.changed(p.Identity)
@@ -358,8 +359,8 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	defer s.mu.Unlock()
 	now := s.now()
 	var expired []*idemstore.Record
-	for id := range s.records {
-		if r := s.live(id, now); r != nil && r.LeaseExpired(now) {
+	for n := range s.records.all() {
+		if r := &n.Record; !r.Expired(now) && r.LeaseExpired(now) {
 			expired = append(expired, r)
 		}
 	}
@@ -387,7 +388,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	defer s.mu.Unlock()
 	now := s.now()
 	var dead []*idemstore.Record
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.Expired(now) {
 			dead = append(dead, &r.Record)
 		}
@@ -397,7 +398,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	})
 	dead = dead[:min(limit, len(dead))]
 	for _, r := range dead {
-		delete(s.records, r.Identity)
+		s.records.del(r.Identity)
 		s.changed(r.Identity)
 	}
 	return len(dead), nil
@@ -413,9 +414,9 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	defer s.mu.Unlock()
 	now := s.now()
 	var out []*idemstore.Record
-	for id := range s.records {
-		r := s.live(id, now)
-		if r == nil {
+	for n := range s.records.all() {
+		r := &n.Record
+		if r.Expired(now) {
 			continue
 		}
 		v := viewRecord(r, now)
@@ -451,7 +452,7 @@ func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemst
 	if !p.Force && (v.State == idemstore.StateUnknown || v.State == idemstore.StateInProgress) {
 		return nil, idemstore.ErrInvalidState
 	}
-	delete(s.records, p.Identity)
+	s.records.del(p.Identity)
 	s.changed(p.Identity)
 	return v, nil
 }
@@ -467,7 +468,7 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 	now := s.now()
 	var due []*idemstore.Record
 	graceOver := now.Add(-p.Grace) // a record whose lease ended by then is past its grace
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) &&
 			(p.Grace <= 0 || !r.LockedUntil.After(graceOver)) {
 			due = append(due, &r.Record)
@@ -511,7 +512,7 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b idemstore.Backlog
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.State != idemstore.StateUnknown {
 			continue
 		}

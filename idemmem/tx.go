@@ -188,7 +188,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 		}
 	}
 	for _, r := range next {
-		s.records[r.Identity] = r // the stored identity's strings
+		s.records.put(r)
 		s.changed(r.Identity)
 	}
 	maps.Copy(s.values, t.values)
