@@ -24,14 +24,7 @@ func newRecordMap() recordMap {
 }
 
 func (rm *recordMap) hash(id idemstore.Identity) uint64 {
-	var h maphash.Hash
-	h.SetSeed(rm.seed)
-	h.WriteString(id.Scope)
-	h.WriteByte(0)
-	h.WriteString(id.Endpoint)
-	h.WriteByte(0)
-	h.WriteString(id.Key)
-	return h.Sum64()
+	return maphash.Comparable(rm.seed, id) // the map's own hash of the identity
 }
 
 // get returns the record of id, or nil.
