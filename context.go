@@ -100,7 +100,7 @@ func FencingTokenFromContext(ctx context.Context) (string, bool) {
 	if a == nil {
 		return "", false
 	}
-	return a.token, true
+	return a.token(), true
 }
 
 // KeyFromContext returns the idempotency key of the protected request.
@@ -109,7 +109,7 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	if a == nil {
 		return "", false
 	}
-	return a.id.Key, true
+	return a.id().Key, true
 }
 
 // DerivedKeyFromContext returns a stable key for an external call named name
@@ -122,7 +122,7 @@ func DerivedKeyFromContext(ctx context.Context, name string) string {
 	if a == nil {
 		return ""
 	}
-	return DeriveKey(a.id, name)
+	return DeriveKey(a.id(), name)
 }
 
 // DeriveKey returns the stable key of the external call named name made on

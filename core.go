@@ -99,11 +99,8 @@ func mayFailOpen(err error) bool {
 // attempt is one request's claim on a record.
 type attempt struct {
 	c           *core
-	id          idemstore.Identity
-	fp          string
-	fpCached    bool   // fp came from the fingerprint cache, or went into it
-	label       string // the endpoint in Metrics, when the adapter sets one
-	token       string
+	fpCached    bool      // fp came from the fingerprint cache, or went into it
+	label       string    // the endpoint in Metrics, when the adapter sets one
 	reserveSent time.Time // when the last reservation was sent, on the core's clock
 	unknown     atomic.Bool
 	rejected    atomic.Bool
@@ -112,16 +109,28 @@ type attempt struct {
 	heartbeat func()
 
 	// Embedded so that one allocation serves the whole request.
-	body   []byte
-	ops    deadline.Ctx // the context of the store calls
+	body []byte
+	ops  deadline.Ctx // the context of the store calls
+	// params is the reservation sent to the store, and holds the attempt's
+	// identity, fingerprint and token (see id, fp and token): kept once,
+	// the allocation is a size class smaller.
 	params idemstore.ReserveParams
 	// *execution is set when the request runs the handler.
 	*execution
 }
 
+// id is the attempt's identity.
+func (a *attempt) id() idemstore.Identity { return a.params.Identity }
+
+// fp is the fingerprint of the attempt's request.
+func (a *attempt) fp() string { return a.params.Fingerprint }
+
+// token is the fencing token of the attempt's last reservation.
+func (a *attempt) token() string { return a.params.Token }
+
 // decision reports what the middleware decided for this request.
 func (a *attempt) decision(d Decision) {
-	a.c.cfg.Metrics.Decision(a.metricsEndpoint(), a.id.Scope, d)
+	a.c.cfg.Metrics.Decision(a.metricsEndpoint(), a.id().Scope, d)
 	if a.span != nil {
 		a.span.SetAttribute("idem.decision", string(d))
 	}
@@ -135,11 +144,11 @@ func (a *attempt) metricsEndpoint() string {
 	if a.label != "" {
 		return a.label
 	}
-	return a.id.Endpoint
+	return a.id().Endpoint
 }
 
 // keyHash names the record in logs without revealing the key.
-func (a *attempt) keyHash() string { return a.id.LogHash() }
+func (a *attempt) keyHash() string { return a.id().LogHash() }
 
 // verdict is what claim decided for an attempt.
 type verdict struct {
@@ -171,7 +180,7 @@ func (v *verdict) runs() bool {
 // the refusals that deserve a line.
 func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 	if c.limits != nil {
-		ok, retry := c.limits.admit(a.id.Scope, c.clock.Now())
+		ok, retry := c.limits.admit(a.id().Scope, c.clock.Now())
 		if !ok {
 			a.decision(DecisionTooManyKeys)
 			return verdict{d: DecisionTooManyKeys, retry: retry}
@@ -180,7 +189,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			if v.runs() {
 				v.held = true
 			} else {
-				c.limits.refund(a.id.Scope)
+				c.limits.refund(a.id().Scope)
 			}
 		}()
 	}
@@ -209,7 +218,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			a.decision(d)
 			return verdict{d: d, rec: rec}
 		}
-		if rec.Fingerprint != a.fp {
+		if rec.Fingerprint != a.fp() {
 			a.decision(DecisionKeyReused)
 			c.log.Info("idem: key reused with another request", "key_hash", a.keyHash(), "endpoint", a.metricsEndpoint(), "decision", "key_reused")
 			return verdict{d: DecisionKeyReused}
@@ -249,7 +258,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 }
 
 func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveResult, err error) {
-	a.token = newToken()
+	a.params.Token = newToken()
 	// The lease counts from here: the store counts it from when it gets
 	// the call, which is no earlier.
 	a.reserveSent = c.clock.Now()
@@ -267,14 +276,7 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	if c.txStore != nil {
 		expired = idemstore.StateReleased
 	}
-	a.params = idemstore.ReserveParams{
-		Identity:          a.id,
-		Fingerprint:       a.fp,
-		Token:             a.token,
-		Lease:             c.cfg.Lease,
-		TTL:               c.cfg.TTL,
-		LeaseExpiredState: expired,
-	}
+	a.params.Lease, a.params.TTL, a.params.LeaseExpiredState = c.cfg.Lease, c.cfg.TTL, expired
 	return c.store.KeyReserve(ctx, &a.params)
 }
 
@@ -336,10 +338,10 @@ func (c *core) record(ctx context.Context, a *attempt, o outcome, p *idemstore.C
 	}
 	switch o.record {
 	case recordDropped:
-		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+		finish := &idemstore.FinishParams{Identity: a.id(), Token: a.token()}
 		return c.finishStore(ctx, a, "delete", func(ctx context.Context) error { return c.store.KeyDelete(ctx, finish) })
 	case recordUnknown:
-		finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+		finish := &idemstore.FinishParams{Identity: a.id(), Token: a.token()}
 		return c.finishStore(ctx, a, "mark_unknown", func(ctx context.Context) error { return c.store.KeyMarkUnknown(ctx, finish) })
 	case recordReleased:
 		return c.release(ctx, a)
@@ -352,7 +354,7 @@ func (c *core) record(ctx context.Context, a *attempt, o outcome, p *idemstore.C
 
 // release releases the key so a retry re-executes.
 func (c *core) release(ctx context.Context, a *attempt) error {
-	finish := &idemstore.FinishParams{Identity: a.id, Token: a.token}
+	finish := &idemstore.FinishParams{Identity: a.id(), Token: a.token()}
 	return c.finishStore(ctx, a, "release", func(ctx context.Context) error { return c.store.KeyRelease(ctx, finish) })
 }
 

@@ -20,7 +20,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// io.NopCloser, which net/http knows for in memory: a handler that
 	// forwards the request (a ReverseProxy) writes it in one piece.
 	r.Body = io.NopCloser(&a.bodyReader)
-	defer m.hub.publish(a.id)
+	defer m.hub.publish(a.id())
 
 	panicked := true
 	endHandler := func(error) {}
@@ -102,7 +102,7 @@ func (m *middleware) complete(w http.ResponseWriter, r *http.Request, a *attempt
 
 func (m *middleware) completeParams(r *http.Request, a *attempt, rw *recorder, rec recordAs) *idemstore.CompleteParams {
 	p := &a.complete
-	*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, Record: a.reserved}
+	*p = idemstore.CompleteParams{Identity: a.id(), Token: a.token(), Record: a.reserved}
 	if rec == recordNotReplayable {
 		p.NotReplayable = true
 	} else {

@@ -72,8 +72,7 @@ func (c *fpCache) fingerprint(method, endpoint, query, contentType, scope string
 	if s == nil {
 		return Fingerprint(method, endpoint, query, contentType, body, fc), false
 	}
-	var sum [sha256.Size]byte
-	key := c.key(body, &sum)
+	key := c.key(body)
 	s.mu.Lock()
 	if s.matches(method, endpoint, query, scope, key) {
 		fp := s.fp
@@ -99,8 +98,7 @@ func (c *fpCache) remember(method, endpoint, query, contentType, scope string, b
 		p.CompareAndSwap(nil, new(fpSlot))
 		s = p.Load()
 	}
-	var sum [sha256.Size]byte
-	key := c.key(body, &sum)
+	key := c.key(body)
 	s.mu.Lock()
 	s.body = append(s.body[:0], key...)
 	s.method, s.endpoint, s.query, s.scope, s.fp = method, endpoint, query, scope, fp
@@ -123,13 +121,14 @@ func (c *fpCache) slot(body []byte) *atomic.Pointer[fpSlot] {
 }
 
 // key returns what a slot keeps of body: body itself, or with digest its
-// HMAC-SHA256 under the cache's random key, written to sum. slot must have
-// been called (it makes the key).
-func (c *fpCache) key(body []byte, sum *[sha256.Size]byte) []byte {
+// HMAC-SHA256 under the cache's random key. slot must have been called (it
+// makes the key). Without digest it allocates nothing: a buffer for the
+// digest, passed to the hash's Sum, would escape on every call.
+func (c *fpCache) key(body []byte) []byte {
 	if !c.digest {
 		return body
 	}
 	h := hmac.New(sha256.New, c.macKey[:])
 	h.Write(body)
-	return h.Sum(sum[:0])
+	return h.Sum(make([]byte, 0, sha256.Size))
 }

@@ -123,7 +123,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 	if err := checkKey(call.Key, c.cfg.MinKeyLength); err != nil {
 		return Result{}, false, err
 	}
-	a := &attempt{c: c, id: call.Identity, fp: call.Fingerprint, heartbeat: call.Heartbeat}
+	a := &attempt{c: c, params: idemstore.ReserveParams{Identity: call.Identity, Fingerprint: call.Fingerprint}, heartbeat: call.Heartbeat}
 	if c.cfg.Tracer != nil {
 		var span Span
 		ctx, span = c.cfg.Tracer.Start(ctx, "idem.request")
@@ -136,7 +136,7 @@ func (g *Guard) Run(ctx context.Context, call Call, fn func(ctx context.Context)
 	switch v.d {
 	case DecisionCreated, DecisionReleasedRetried:
 		if v.held {
-			defer c.limits.done(a.id.Scope)
+			defer c.limits.done(a.id().Scope)
 		}
 		return g.execute(ctx, a, v.rec, fn)
 	case DecisionReplayed:
@@ -214,7 +214,7 @@ func (v *verdict) error() error {
 func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, fn func(context.Context) (Result, error)) (res Result, replayed bool, err error) {
 	c := g.c
 	fctx := a.begin(ctx, rec)
-	defer c.hub.publish(a.id)
+	defer c.hub.publish(a.id())
 
 	panicked := true
 	endFn := func(error) {}
@@ -251,7 +251,7 @@ func (g *Guard) execute(ctx context.Context, a *attempt, rec *idemstore.Record, 
 	var p *idemstore.CompleteParams
 	if o.record == recordCompleted || o.record == recordNotReplayable {
 		p = &a.complete
-		*p = idemstore.CompleteParams{Identity: a.id, Token: a.token, NotReplayable: o.record == recordNotReplayable, Record: a.reserved}
+		*p = idemstore.CompleteParams{Identity: a.id(), Token: a.token(), NotReplayable: o.record == recordNotReplayable, Record: a.reserved}
 		if o.record == recordCompleted {
 			status := res.Status
 			if status == 0 {

@@ -127,16 +127,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	endpoint := m.endpoint(r)
 	a := &attempt{
-		c:     m.core,
-		body:  body,
-		id:    idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key},
-		label: m.metricsLabel(r, endpoint),
+		c:      m.core,
+		body:   body,
+		params: idemstore.ReserveParams{Identity: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key}},
+		label:  m.metricsLabel(r, endpoint),
 	}
 	contentType := r.Header.Get("Content-Type")
 	if offCanonical {
 		contentType = "application/octet-stream" // hashed as raw bytes
 	}
-	a.fp, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, contentType, scope, body, m.cfg.Fingerprint)
+	a.params.Fingerprint, a.fpCached = m.fps.fingerprint(r.Method, endpoint, r.URL.RawQuery, contentType, scope, body, m.cfg.Fingerprint)
 	if m.cfg.Tracer != nil {
 		ctx, span := m.cfg.Tracer.Start(r.Context(), "idem.request")
 		span.SetAttribute("idem.endpoint", a.label)
@@ -156,14 +156,14 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case DecisionCreated, DecisionTooManyKeys, DecisionStoreError, DecisionKeyReused:
 	default:
 		if !a.fpCached { // a retry: remember its fingerprint for the next one
-			m.fps.remember(r.Method, a.id.Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id.Scope, a.body, a.fp)
+			m.fps.remember(r.Method, a.id().Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id().Scope, a.body, a.fp())
 			a.fpCached = true
 		}
 	}
 	switch v.d {
 	case DecisionCreated, DecisionReleasedRetried:
 		if v.held {
-			defer m.limits.done(a.id.Scope)
+			defer m.limits.done(a.id().Scope)
 		}
 		m.execute(w, r, next, a, v.rec)
 	case DecisionReplayed:

@@ -67,7 +67,7 @@ func (a *attempt) runPhase(ctx context.Context, p Phase) error {
 	if err := p.Run(ctx, tx); err != nil {
 		return err
 	}
-	if err := tx.KeyCheckpoint(ctx, &idemstore.CheckpointParams{Identity: a.id, Token: a.token, RecoveryPoint: p.Name}); err != nil {
+	if err := tx.KeyCheckpoint(ctx, &idemstore.CheckpointParams{Identity: a.id(), Token: a.token(), RecoveryPoint: p.Name}); err != nil {
 		return fmt.Errorf("recording phase %q: %w", p.Name, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

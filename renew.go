@@ -179,7 +179,7 @@ func (rn *renewer) renew() {
 	ctx, cancel := deadline.WithTimeout(c.alarms, context.Background(), c.cfg.StoreTimeout)
 	sent := c.clock.Now()
 	start := c.clockStart()
-	err := c.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id, Token: a.token, Lease: c.cfg.Lease})
+	err := c.store.KeyRenew(ctx, &idemstore.RenewParams{Identity: a.id(), Token: a.token(), Lease: c.cfg.Lease})
 	c.storeCall("renew", start, err)
 	cancel()
 	if errors.Is(err, idemstore.ErrLeaseLost) {

@@ -13,14 +13,14 @@ import (
 // client leaves. It is woken by a completion in this process, by the store's
 // notifications when it has them, and otherwise re-reads with backoff.
 func (c *core) wait(ctx context.Context, a *attempt, rec *idemstore.Record, waitOver <-chan struct{}) bool {
-	ch := c.hub.subscribe(a.id)
-	defer c.hub.unsubscribe(a.id, ch)
+	ch := c.hub.subscribe(a.id())
+	defer c.hub.unsubscribe(a.id(), ch)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	woke := make(chan struct{}, 1)
 	if c.waiter != nil {
 		go func() {
-			if c.waiter.KeyWait(ctx, a.id) == nil {
+			if c.waiter.KeyWait(ctx, a.id()) == nil {
 				woke <- struct{}{}
 			}
 		}()

@@ -24,8 +24,8 @@ func (s *Store) KeyReseal(ctx context.Context, p *idemstore.ResealParams) error 
 	case r.State != idemstore.StateCompleted || r.NotReplayable || r.Response == nil || p.Response == nil:
 		return idemstore.ErrInvalidState
 	}
-	n := *r
-	n.Response = s.stored(p.Response)
-	s.records[p.Identity] = &n
+	n := &record{Record: *r}
+	n.Response = s.storedIn(&n.response, p.Response)
+	s.records.put(n)
 	return nil
 }

@@ -44,13 +44,25 @@ type Store struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	records map[idemstore.Identity]*idemstore.Record
+	records recordMap
 	// waiters holds, per identity, a channel closed at the next change.
 	waiters map[idemstore.Identity]*waiter
 	// values are the committed business writes of transactions (Tx.Put).
 	values map[string]string
 	// headers are the stored responses' headers, shared between records.
 	headers headerTable
+	// endpoints are the records' endpoints, shared between records.
+	endpoints endpointTable
+}
+
+// record is a stored record with room for its response, so that a
+// completed record is two objects for the garbage collector to mark (the
+// record and its body), not three (see newRecord): in a store of many live
+// records the collector's marking of them is much of what a request costs.
+type record struct {
+	idemstore.Record
+	response idemstore.Response // what Record.Response points to, once completed
+	next     *record            // in recordMap, the next record of the same hash
 }
 
 // waiter is the wake-up channel of one identity.
@@ -75,7 +87,7 @@ func New(cfg *Config) *Store {
 	}
 	return &Store{
 		now:     c.Now,
-		records: make(map[idemstore.Identity]*idemstore.Record),
+		records: newRecordMap(),
 		waiters: make(map[idemstore.Identity]*waiter),
 		values:  make(map[string]string),
 	}
@@ -84,11 +96,11 @@ func New(cfg *Config) *Store {
 // live returns the stored record of id unless it is missing or expired
 // (idemstore.Record.Expired: never an unknown one). The caller holds s.mu.
 func (s *Store) live(id idemstore.Identity, now time.Time) *idemstore.Record {
-	r := s.records[id]
+	r := s.records.get(id)
 	if r == nil || r.Expired(now) {
 		return nil
 	}
-	return r
+	return &r.Record
 }
 
 // isUnknown reports whether r is unknown at now, stored so or as an expired
@@ -136,22 +148,18 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		if les != idemstore.StateReleased {
 			les = idemstore.StateUnknown
 		}
-		r = &idemstore.Record{
-			Identity:          p.Identity,
-			Fingerprint:       p.Fingerprint,
-			State:             idemstore.StateInProgress,
-			Token:             p.Token,
-			LockedUntil:       now.Add(p.Lease),
-			StartedAt:         now,
-			LeaseExpiredState: les,
-			Attempts:          1,
-			CreatedAt:         now,
-			UpdatedAt:         now,
-			ExpiresAt:         now.Add(p.TTL),
-			TTL:               p.TTL,
-		}
-		s.records[p.Identity] = r
-		s.changed(p.Identity)
+		n := s.newRecord(p)
+		r = &n.Record
+		r.State = idemstore.StateInProgress
+		r.LockedUntil = now.Add(p.Lease)
+		r.StartedAt = now
+		r.LeaseExpiredState = les
+		r.Attempts = 1
+		r.CreatedAt, r.UpdatedAt = now, now
+		r.ExpiresAt = now.Add(p.TTL)
+		r.TTL = p.TTL
+		s.records.put(n)
+		s.changed(r.Identity)
 		return reserveResult(true, r), nil
 	}
 
@@ -207,9 +215,9 @@ func viewRecord(r *idemstore.Record, now time.Time) *idemstore.Record {
 
 // fenced returns the live record of id when token owns it and its state is
 // one of states, else ErrLeaseLost. The caller holds s.mu.
-func (s *Store) fenced(id idemstore.Identity, token string, now time.Time, states ...idemstore.State) (*idemstore.Record, error) {
-	r := s.live(id, now)
-	if r == nil || r.Token != token || !slices.Contains(states, r.State) {
+func (s *Store) fenced(id idemstore.Identity, token string, now time.Time, states ...idemstore.State) (*record, error) {
+	r := s.records.get(id)
+	if r == nil || r.Expired(now) || r.Token != token || !slices.Contains(states, r.State) {
 		return nil, idemstore.ErrLeaseLost
 	}
 	return r, nil
@@ -227,7 +235,7 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return err
 	}
-	complete(r, p, s.stored(p.Response), now)
+	complete(&r.Record, p, s.storedIn(&r.response, p.Response), now)
 	s.changed(p.Identity)
 	return nil
 }
@@ -268,7 +276,7 @@ func (s *Store) transition(ctx context.Context, p *idemstore.FinishParams, to id
 		return err
 	}
 	if to != idemstore.StateUnknown {
-		settle(r, now)
+		settle(&r.Record, now)
 	}
 	r.State = to
 	r.UpdatedAt = now
@@ -286,7 +294,7 @@ func (s *Store) KeyDelete(ctx context.Context, p *idemstore.FinishParams) error 
 	if _, err := s.fenced(p.Identity, p.Token, s.now(), idemstore.StateInProgress); err != nil {
 		return err
 	}
-	delete(s.records, p.Identity)
+	s.records.del(p.Identity)
 	s.changed(p.Identity)
 	return nil
 }
@@ -334,7 +342,7 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	r.Response = nil
 	r.NotReplayable = false
 	if p.To == idemstore.StateCompleted {
-		r.Response = s.stored(p.Response)
+		r.Response = s.storedIn(&s.records.get(p.Identity).response, p.Response)
 		r.NotReplayable = p.Response == nil
 	}
 	s.changed(p.Identity)
@@ -351,8 +359,8 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	defer s.mu.Unlock()
 	now := s.now()
 	var expired []*idemstore.Record
-	for id := range s.records {
-		if r := s.live(id, now); r != nil && r.LeaseExpired(now) {
+	for n := range s.records.all() {
+		if r := &n.Record; !r.Expired(now) && r.LeaseExpired(now) {
 			expired = append(expired, r)
 		}
 	}
@@ -380,9 +388,9 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	defer s.mu.Unlock()
 	now := s.now()
 	var dead []*idemstore.Record
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.Expired(now) {
-			dead = append(dead, r)
+			dead = append(dead, &r.Record)
 		}
 	}
 	slices.SortFunc(dead, func(a, b *idemstore.Record) int {
@@ -390,7 +398,7 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	})
 	dead = dead[:min(limit, len(dead))]
 	for _, r := range dead {
-		delete(s.records, r.Identity)
+		s.records.del(r.Identity)
 		s.changed(r.Identity)
 	}
 	return len(dead), nil
@@ -406,9 +414,9 @@ func (s *Store) KeyList(ctx context.Context, p *idemstore.ListParams) ([]*idemst
 	defer s.mu.Unlock()
 	now := s.now()
 	var out []*idemstore.Record
-	for id := range s.records {
-		r := s.live(id, now)
-		if r == nil {
+	for n := range s.records.all() {
+		r := &n.Record
+		if r.Expired(now) {
 			continue
 		}
 		v := viewRecord(r, now)
@@ -444,7 +452,7 @@ func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemst
 	if !p.Force && (v.State == idemstore.StateUnknown || v.State == idemstore.StateInProgress) {
 		return nil, idemstore.ErrInvalidState
 	}
-	delete(s.records, p.Identity)
+	s.records.del(p.Identity)
 	s.changed(p.Identity)
 	return v, nil
 }
@@ -460,10 +468,10 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 	now := s.now()
 	var due []*idemstore.Record
 	graceOver := now.Add(-p.Grace) // a record whose lease ended by then is past its grace
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) &&
 			(p.Grace <= 0 || !r.LockedUntil.After(graceOver)) {
-			due = append(due, r)
+			due = append(due, &r.Record)
 		}
 	}
 	slices.SortFunc(due, func(a, b *idemstore.Record) int {
@@ -504,7 +512,7 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b idemstore.Backlog
-	for _, r := range s.records {
+	for r := range s.records.all() {
 		if r.State != idemstore.StateUnknown {
 			continue
 		}
@@ -590,12 +598,76 @@ func (s *Store) stored(resp *idemstore.Response) *idemstore.Response {
 	if resp == nil {
 		return nil
 	}
-	return &idemstore.Response{
+	return s.storedIn(new(idemstore.Response), resp)
+}
+
+// storedIn is stored, written to dst (a record's own room for its
+// response, see record) instead of a new allocation. It returns dst, or
+// nil when resp is nil. The caller holds s.mu.
+func (s *Store) storedIn(dst, resp *idemstore.Response) *idemstore.Response {
+	if resp == nil {
+		return nil
+	}
+	*dst = idemstore.Response{
 		Status: resp.Status,
 		Header: s.headers.intern(resp.Header),
 		Body:   bytes.Clone(resp.Body),
 		Sealed: resp.Sealed,
 	}
+	return dst
+}
+
+// newRecord returns a new record of p's identity, fingerprint and token,
+// which it keeps in one allocation of their own (the caller's strings are
+// parts of larger ones, or one allocation each) and with an endpoint
+// shared with the other records of the endpoint: fewer objects for the
+// garbage collector to mark. The caller sets the rest and holds s.mu.
+func (s *Store) newRecord(p *idemstore.ReserveParams) *record {
+	id := p.Identity
+	endpoint, shared := s.endpoints.intern(id.Endpoint)
+	packed := id.Scope + id.Key + p.Fingerprint + p.Token
+	if !shared {
+		packed += id.Endpoint
+	}
+	n := new(record)
+	r := &n.Record
+	r.Scope, packed = packed[:len(id.Scope)], packed[len(id.Scope):]
+	r.Key, packed = packed[:len(id.Key)], packed[len(id.Key):]
+	r.Fingerprint, packed = packed[:len(p.Fingerprint)], packed[len(p.Fingerprint):]
+	r.Token, packed = packed[:len(p.Token)], packed[len(p.Token):]
+	r.Endpoint = endpoint
+	if !shared {
+		r.Endpoint = packed
+	}
+	return n
+}
+
+// endpointTable interns the records' endpoints: a service has a few, and
+// every record of one can share its string. It keeps at most maxEndpoints
+// of at most maxEndpointLength bytes; intern reports false for others.
+// The caller holds Store.mu.
+type endpointTable struct {
+	m map[string]string
+}
+
+const (
+	maxEndpoints      = 1024
+	maxEndpointLength = 256
+)
+
+func (t *endpointTable) intern(e string) (string, bool) {
+	if shared, ok := t.m[e]; ok {
+		return shared, true
+	}
+	if len(t.m) >= maxEndpoints || len(e) > maxEndpointLength {
+		return "", false
+	}
+	if t.m == nil {
+		t.m = make(map[string]string)
+	}
+	e = strings.Clone(e)
+	t.m[e] = e
+	return e, true
 }
 
 // headerTable interns the headers of stored responses, so that records whose

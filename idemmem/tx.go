@@ -172,7 +172,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	next := make(map[idemstore.Identity]*idemstore.Record, len(t.views))
+	next := make(map[idemstore.Identity]*record, len(t.views))
 	for _, op := range t.ops {
 		r, ok := next[op.id]
 		if !ok {
@@ -180,17 +180,16 @@ func (t *Tx) Commit(ctx context.Context) error {
 			if cur == nil {
 				return fmt.Errorf("committing: %w", idemstore.ErrLeaseLost)
 			}
-			c := *cur
-			r = &c
+			r = &record{Record: *cur}
 			next[op.id] = r
 		}
-		if err := op.apply(r, op.now); err != nil {
+		if err := op.apply(&r.Record, op.now); err != nil {
 			return fmt.Errorf("committing: %w", err)
 		}
 	}
-	for id, r := range next {
-		s.records[id] = r
-		s.changed(id)
+	for _, r := range next {
+		s.records.put(r)
+		s.changed(r.Identity)
 	}
 	maps.Copy(s.values, t.values)
 	return nil

@@ -104,7 +104,37 @@ type Metrics struct {
 	// slow path would find. Each holds at most maxCachedSeries entries;
 	// beyond, calls take the slow path.
 	decisionSeries, storeCallSeries, storedSeries seriesCache
+	// okCalls are the series of the successful store calls of the
+	// middleware's operations (okOps), resolved on first use: every
+	// request makes one or two, found here without hashing a key.
+	okCalls [len(okOps)]atomic.Pointer[observer]
 }
+
+// okOps are the store call operations the middleware reports.
+var okOps = [...]string{"reserve", "complete", "release", "mark_unknown", "delete", "renew", "commit"}
+
+// okOp returns the index of op in okOps, or -1.
+func okOp(op string) int {
+	switch op {
+	case "reserve":
+		return 0
+	case "complete":
+		return 1
+	case "release":
+		return 2
+	case "mark_unknown":
+		return 3
+	case "delete":
+		return 4
+	case "renew":
+		return 5
+	case "commit":
+		return 6
+	}
+	return -1
+}
+
+type observer struct{ prometheus.Observer }
 
 // maxCachedSeries bounds each cache of resolved series.
 const maxCachedSeries = 1024
@@ -230,6 +260,17 @@ func (m *Metrics) newDecisionSeries(k decisionKey) *decisionSeries {
 // StoreCall observes the latency of one store call, labelled with the
 // operation and the kind of its result.
 func (m *Metrics) StoreCall(op string, d time.Duration, err error) {
+	if err == nil {
+		if i := okOp(op); i >= 0 {
+			o := m.okCalls[i].Load()
+			if o == nil {
+				o = &observer{m.storeCalls.WithLabelValues(m.ops.value(op), "ok")}
+				m.okCalls[i].Store(o)
+			}
+			o.Observe(d.Seconds())
+			return
+		}
+	}
 	k := storeCallKey{op, Result(err)}
 	o, ok := m.storeCallSeries.m.Load(k)
 	if !ok {

@@ -28,8 +28,8 @@ type Ctx struct {
 	alarms   *Alarms // the list of this arm
 	timeout  time.Duration
 	deadline time.Time // zero until start
-	armed    bool      // between arm and disarm
 	gen      uint64    // counts arms, so a late expiry cannot hit a later call
+	armed    bool      // between arm and disarm
 	watched  bool      // its alarm is set for this arm
 	alarm    Alarm
 	done     chan struct{}

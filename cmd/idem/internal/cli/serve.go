@@ -93,16 +93,16 @@ func bodyDeadline(h http.Handler, d time.Duration, bounds func(*http.Request) bo
 			h.ServeHTTP(w, r)
 			return
 		}
-		rc := http.NewResponseController(w)
 		if bounds != nil && bounds(r) {
 			body := &seesEOF{ReadCloser: r.Body}
 			r.Body = body
 			h.ServeHTTP(w, r)
 			if !body.eof {
-				_ = rc.SetReadDeadline(time.Now().Add(d))
+				_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
 			}
 			return
 		}
+		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
 			r.Body = &liftOnEOF{ReadCloser: r.Body, rc: rc}
 		}
