@@ -299,11 +299,17 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 
 -- name: sweep
 -- Turns at most $2 expired leases into their lease_expired_state, skipping
--- rows another transaction holds, and wakes their waiters. $1 now, $2 limit.
+-- rows another transaction holds, and wakes their waiters. The leases are
+-- those that expired from $3 (NULL: from the start) to $1: the sweep index
+-- holds every record, finished ones too (so that a completion updates none
+-- of its entries), and KeySweep scans it from a watermark forward.
+-- $1 now, $2 limit, $3 from.
 WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
-    WHERE state = 'in_progress' AND locked_until <= $1::timestamptz
+    WHERE locked_until <= $1::timestamptz
+      AND locked_until >= coalesce($3::timestamptz, '-infinity')
+      AND state = 'in_progress'
     ORDER BY locked_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -324,28 +330,18 @@ WHERE (SELECT count(*) FROM n) >= 0;
 -- name: reap
 -- Deletes at most $2 expired records (past their retention, never unknown
 -- ones nor expired leases that turn unknown), skipping rows another
--- transaction holds. Finished records come from idem_keys_reap_idx; the
--- rare in-progress record past its retention (a lease renewed beyond it)
--- from idem_keys_sweep_idx, within what is left of the batch.
+-- transaction holds, from idem_keys_reap_idx, which leaves the unknown
+-- records out (unknown_since is set exactly when a record is unknown).
 -- $1 now, $2 limit.
-WITH done AS (
+WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
-    WHERE state IN ('completed', 'released') AND expires_at <= $1::timestamptz
+    WHERE unknown_since IS NULL AND expires_at <= $1::timestamptz
+      AND NOT (state = 'in_progress' AND locked_until <= $1::timestamptz
+               AND lease_expired_state = 'unknown')
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), live AS (
-    SELECT scope, endpoint, key
-    FROM {{schema}}.idem_keys
-    WHERE state = 'in_progress' AND expires_at <= $1::timestamptz
-      AND NOT (locked_until <= $1::timestamptz AND lease_expired_state = 'unknown')
-    LIMIT greatest($2 - (SELECT count(*) FROM done), 0)
-    FOR UPDATE SKIP LOCKED
-), batch AS (
-    SELECT * FROM done
-    UNION ALL
-    SELECT * FROM live
 )
 DELETE FROM {{schema}}.idem_keys AS k
 USING batch AS b
@@ -421,10 +417,10 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
-    WHERE state = 'unknown'
+    WHERE unknown_since IS NOT NULL
       AND (reconcile_after IS NULL OR reconcile_after <= $1::timestamptz)
       AND ($4::timestamptz IS NULL OR locked_until <= $4::timestamptz)
-    ORDER BY reconcile_after NULLS FIRST, updated_at
+    ORDER BY reconcile_after NULLS FIRST, unknown_since
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
@@ -446,6 +442,6 @@ WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
 
 -- name: backlog
 -- Counts the unknown records and finds the oldest (idem_keys_reconcile_idx).
-SELECT count(*), min(updated_at)
+SELECT count(*), min(unknown_since)
 FROM {{schema}}.idem_keys
-WHERE state = 'unknown';
+WHERE unknown_since IS NOT NULL;

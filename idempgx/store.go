@@ -121,6 +121,7 @@ type Store struct {
 	q       *queries
 	notify  *notifier
 	parts   partitionSet // read by KeyReap, see keyReap
+	sweep   sweepMark    // where KeySweep starts
 	group   *grouper     // nil unless Config.GroupCommit
 }
 
@@ -488,15 +489,22 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 }
 
 // KeySweep turns at most p.Limit in_progress records whose lease expired
-// into their LeaseExpiredState and returns them.
+// into their LeaseExpiredState and returns them. It reads the sweep index,
+// which holds finished records too, from a watermark forward (see
+// sweepMark), so that a pass does not read the table's history again.
 func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = defaultBatch
 	}
-	recs, err := s.queryRecords(ctx, s.q.sweep, s.now(), limit)
+	now := s.now()
+	from, deep := s.sweep.start(now)
+	recs, err := s.queryRecords(ctx, s.q.sweep, now, limit, from)
 	if err != nil {
 		return nil, fmt.Errorf("sweeping keys: %w", err)
+	}
+	if len(recs) < limit {
+		s.sweep.done(now, deep)
 	}
 	return recs, nil
 }
