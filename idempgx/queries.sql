@@ -117,7 +117,8 @@ WITH done AS (
             THEN $10::interval ELSE k.ttl END,
         reconcile_after = NULL,
         reconcile_attempts = 0,
-        reconcile_error = ''
+        reconcile_error = '',
+        unknown_since = NULL
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
       AND NOT EXISTS (SELECT 1 FROM done)
       AND NOT EXISTS (SELECT 1 FROM ins)
@@ -133,7 +134,9 @@ WITH done AS (
 ), lapse AS (
     UPDATE {{schema}}.idem_keys AS k SET
         state = k.lease_expired_state,
-        updated_at = $6::timestamptz
+        updated_at = $6::timestamptz,
+        unknown_since = CASE WHEN k.lease_expired_state = 'unknown'
+            THEN $6::timestamptz END
     WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
       AND NOT EXISTS (SELECT 1 FROM done)
       AND NOT EXISTS (SELECT 1 FROM ins)
@@ -185,6 +188,7 @@ WITH u AS (
         response_body = $8::bytea,
         not_replayable = $9::boolean,
         updated_at = $5::timestamptz,
+        unknown_since = NULL,
         expires_at = CASE WHEN (k.state = 'unknown'
                OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
                    AND k.lease_expired_state = 'unknown'))
@@ -207,6 +211,7 @@ WITH u AS (
     UPDATE {{schema}}.idem_keys AS k SET
         state = 'released',
         updated_at = $5::timestamptz,
+        unknown_since = NULL,
         expires_at = CASE WHEN (k.state = 'unknown'
                OR (k.state = 'in_progress' AND k.locked_until <= $5::timestamptz
                    AND k.lease_expired_state = 'unknown'))
@@ -228,7 +233,8 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n);
 WITH u AS (
     UPDATE {{schema}}.idem_keys AS k SET
         state = 'unknown',
-        updated_at = $5::timestamptz
+        updated_at = $5::timestamptz,
+        unknown_since = $5::timestamptz
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND k.state = 'in_progress'
       AND (k.expires_at > $5::timestamptz OR k.state = 'unknown'
@@ -286,6 +292,7 @@ WITH u AS (
         response_body = $9::bytea,
         not_replayable = $10::boolean,
         updated_at = $5::timestamptz,
+        unknown_since = NULL,
         expires_at = $5::timestamptz + coalesce(k.ttl, k.expires_at - k.created_at)
     WHERE k.scope = $1 AND k.endpoint = $2 AND k.key = $3 AND k.token = $4
       AND (k.state = 'unknown'
@@ -316,7 +323,9 @@ WITH batch AS (
 ), u AS (
     UPDATE {{schema}}.idem_keys AS k SET
         state = k.lease_expired_state,
-        updated_at = $1::timestamptz
+        updated_at = $1::timestamptz,
+        unknown_since = CASE WHEN k.lease_expired_state = 'unknown'
+            THEN $1::timestamptz END
     FROM batch AS b
     WHERE k.scope = b.scope AND k.endpoint = b.endpoint AND k.key = b.key
     RETURNING {{columns}}, k.waiters
@@ -331,12 +340,14 @@ WHERE (SELECT count(*) FROM n) >= 0;
 -- Deletes at most $2 expired records (past their retention, never unknown
 -- ones nor expired leases that turn unknown), skipping rows another
 -- transaction holds, from idem_keys_reap_idx, which leaves the unknown
--- records out (unknown_since is set exactly when a record is unknown).
+-- records out (the statements set unknown_since on every way into unknown;
+-- the state is checked besides, for a record written otherwise).
 -- $1 now, $2 limit.
 WITH batch AS (
     SELECT scope, endpoint, key
     FROM {{schema}}.idem_keys
     WHERE unknown_since IS NULL AND expires_at <= $1::timestamptz
+      AND state <> 'unknown'
       AND NOT (state = 'in_progress' AND locked_until <= $1::timestamptz
                AND lease_expired_state = 'unknown')
     ORDER BY expires_at

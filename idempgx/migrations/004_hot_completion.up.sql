@@ -1,16 +1,15 @@
 -- A completion (in progress to completed) changes no column that an index
 -- names, in its key or its predicate, so that PostgreSQL updates the row in
--- place (a HOT update: no new index entry, a fraction of the WAL). The
--- state and updated_at leave the indexes:
+-- place (a HOT update: no new index entry, half the WAL records). The state
+-- and updated_at leave the indexes:
 --
 -- unknown_since is when an unknown record became unknown (its updated_at,
--- which nothing changes while it stays unknown), NULL for any other; a
--- generated column, so that every way into and out of unknown keeps it, and
--- it is NULL both before and after a completion. Adding it rewrites the
--- table once.
-ALTER TABLE {{schema}}.idem_keys
-    ADD COLUMN unknown_since timestamptz
-        GENERATED ALWAYS AS (CASE WHEN state = 'unknown' THEN updated_at END) STORED;
+-- which nothing changes while it stays unknown), NULL for any other record:
+-- every statement that moves a record into or out of unknown sets it. (Not
+-- a generated column: PostgreSQL reads a generated column's expression
+-- again for every row written, as it does a check constraint's.)
+ALTER TABLE {{schema}}.idem_keys ADD COLUMN unknown_since timestamptz;
+UPDATE {{schema}}.idem_keys SET unknown_since = updated_at WHERE state = 'unknown';
 
 -- The reaper deletes settled records past their retention: unknown ones,
 -- which never expire, stay out of its index, so that a backlog of them is

@@ -20,11 +20,17 @@
 #           (e.g. plain3, idem3: before a later migration)
 #   plainx, idemx  the same after the statements of the file EXTRA_SQL
 #           ({{schema}} filled in), e.g. other indexes
+#   reserve idem's reserve statement and the plain UPDATE, on idem's table
+#   complete  the plain INSERT and idem's complete statement, on idem's table
+#   NAME    any other name: the pgbench script SCRIPTS/NAME.sql on idem's
+#           table, {{schema}} filled in
 #
 # Settings: ROUNDS=3 DURATION=10 CONNECTIONS=16 THREADS=2
 # VARIANTS="floor plain idem" FILLFACTOR (of idem's table, default none)
 # IDEM_TEST_DATABASE_URL (default: the private cluster, 127.0.0.1:55432);
 # the run creates and drops its own schemas (TAG, default pgshapes_PID).
+# SETUP_ONLY=DIR creates the schemas, writes the scripts into DIR and stops,
+# leaving the schemas (to run the scripts another way, e.g. under callgrind).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -36,6 +42,7 @@ work=$(mktemp -d /tmp/pgshapes.XXXXXX)
 hz=$(getconf CLK_TCK)
 
 cleanup() {
+	[ -z "${SETUP_ONLY:-}" ] || { rm -rf "$work"; return; }
 	for v in $VARIANTS; do
 		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS ${TAG}_$v CASCADE" >/dev/null 2>&1 || true
 	done
@@ -87,14 +94,30 @@ UPDATE $1.idem_keys SET state = 'completed', response_status = 201,
 SQL
 }
 
-idem_script() {
-	echo '\set k random(1, 9000000000000000)'
+plain_insert() {
+	plain_script "$1" | sed -n '1,/;$/p'
+}
+
+plain_update() {
+	plain_script "$1" | sed '1,/;$/d'
+}
+
+idem_reserve() {
 	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$fp" "$token" "now()" \
 		"now() + interval '30 seconds'" "now() + interval '24 hours'" "'unknown'" "interval '24 hours'"
 	echo ';'
+}
+
+idem_complete() {
 	statement complete | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$token" "now()" 201 \
 		"$header" "$body" false
 	echo ';'
+}
+
+idem_script() {
+	echo '\set k random(1, 9000000000000000)'
+	idem_reserve "$1"
+	idem_complete "$1"
 }
 
 # setup VARIANT: creates the variant's schema and writes its script.
@@ -130,13 +153,18 @@ setup() {
 		[ -z "${FILLFACTOR:-}" ] || psql -q "$PG_URL" -c "ALTER TABLE $schema.idem_keys SET (fillfactor = $FILLFACTOR)" >/dev/null
 		;;
 	*)
-		echo "pgshapes.sh: unknown variant $v" >&2
-		exit 2
+		local f
+		for f in idempgx/migrations/*.up.sql; do
+			expand "$schema" <"$f" | psql -q -v ON_ERROR_STOP=1 "$PG_URL" >/dev/null
+		done
 		;;
 	esac
 	case $v in
 	plain*) plain_script "$schema" >"$work/$v.sql" ;;
 	idem*) idem_script "$schema" >"$work/$v.sql" ;;
+	reserve) { plain_insert "$schema" | head -1; idem_reserve "$schema"; plain_update "$schema"; } >"$work/$v.sql" ;;
+	complete) { plain_insert "$schema"; idem_complete "$schema"; } >"$work/$v.sql" ;;
+	*) expand "$schema" <"$SCRIPTS/$v.sql" >"$work/$v.sql" ;;
 	esac
 }
 
@@ -182,6 +210,13 @@ run() {
 for v in $VARIANTS; do
 	setup "$v"
 done
+if [ -n "${SETUP_ONLY:-}" ]; then
+	mkdir -p "$SETUP_ONLY"
+	for v in $VARIANTS; do
+		cp "$work/$v.sql" "$SETUP_ONLY/$v.sql"
+	done
+	exit 0
+fi
 psql -q "$PG_URL" -c "SELECT pg_stat_statements_reset()" >/dev/null
 echo "pgshapes.sh: $ROUNDS rounds of ${DURATION}s, $CONNECTIONS clients; per run: variant round pairs/s us_cpu/pair (load $(cut -d ' ' -f 1-3 /proc/loadavg))"
 for round in $(seq 1 "$ROUNDS"); do
