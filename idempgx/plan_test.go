@@ -283,3 +283,91 @@ VALUES ('tenant', 'POST /v1/payments', 'late', 'fp', 'in_progress', 'token-late'
 		t.Fatalf("the deep pass swept %d records, want the late lease", n)
 	}
 }
+
+// TestUnknownSinceFollowsTheState: unknown_since, which the reap and
+// reconcile indexes read, is set on every way into unknown (mark_unknown,
+// sweep, the lapse branch of reclaim) and cleared on every way out
+// (complete, release, resolve), and a completion of an in-progress record
+// is a HOT update.
+func TestUnknownSinceFollowsTheState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	check := func(step string) {
+		t.Helper()
+		var state string
+		var since *time.Time
+		err := b.store.pool.QueryRow(b.ctx, "SELECT state, unknown_since FROM "+b.store.schema+
+			".idem_keys WHERE key = $1", testID.Key).Scan(&state, &since)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if (state == "unknown") != (since != nil) {
+			t.Fatalf("after %s: state %s, unknown_since %v", step, state, since)
+		}
+	}
+	finish := func(token string) *idemstore.FinishParams {
+		return &idemstore.FinishParams{Identity: testID, Token: token}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
+	check("reserve")
+	must(b.store.KeyMarkUnknown(b.ctx, finish("t1")))
+	check("mark_unknown")
+	must(b.store.KeyResolve(b.ctx, &idemstore.ResolveParams{Identity: testID, Token: "t1", To: idemstore.StateReleased}))
+	check("resolve")
+
+	b.reserve(t, reserveParams("t2", idemstore.StateUnknown)) // takes the released record
+	check("reclaim")
+	b.clock.Advance(lease)
+	if recs, err := b.store.KeySweep(b.ctx, &idemstore.SweepParams{}); err != nil || len(recs) != 1 {
+		t.Fatalf("KeySweep = %d records, %v; want 1", len(recs), err)
+	}
+	check("sweep")
+	must(b.store.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: testID, Token: "t2", Response: sampleResponse()}))
+	check("complete of an unknown record")
+
+	// Past its retention, the record is taken; its lease expires into
+	// unknown and a reservation with another fingerprint lapses it.
+	b.clock.Advance(ttl)
+	b.reserve(t, reserveParams("t3", idemstore.StateUnknown))
+	check("reclaim of an expired record")
+	b.clock.Advance(lease)
+	p := reserveParams("t4", idemstore.StateUnknown)
+	p.Fingerprint = fp2
+	if res := b.reserve(t, p); res.Reserved || res.Record.State != idemstore.StateUnknown {
+		t.Fatalf("reserve after the lease: reserved %v, %s; want the unknown record", res.Reserved, res.Record.State)
+	}
+	check("lapse")
+	must(b.store.KeyRelease(b.ctx, finish("t3")))
+	check("release of an unknown record")
+
+	// A completion of an in-progress record is a HOT update.
+	id := testID
+	id.Key = "key-hot"
+	p = reserveParams("t5", idemstore.StateUnknown)
+	p.Identity = id
+	b.reserve(t, p)
+	// PostgreSQL counts them in the backend until it reports them: before
+	// and after, on the transaction's connection.
+	tx, err := b.store.pool.Begin(b.ctx)
+	must(err)
+	defer tx.Rollback(b.ctx)
+	hotUpdates := func() int64 {
+		t.Helper()
+		var n int64
+		must(tx.QueryRow(b.ctx, "SELECT pg_stat_get_xact_tuples_hot_updated($1::regclass)",
+			b.store.schema+".idem_keys").Scan(&n))
+		return n
+	}
+	before := hotUpdates()
+	must(b.store.CompleteTx(b.ctx, tx, &idemstore.CompleteParams{Identity: id, Token: "t5", Response: sampleResponse()}))
+	if hot := hotUpdates() - before; hot != 1 {
+		t.Errorf("the completion made %d HOT updates, want 1", hot)
+	}
+}
