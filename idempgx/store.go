@@ -324,8 +324,9 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 }
 
 // fenced runs a write conditional on the token, a statement that returns
-// how many records it changed and how many waiters' notifications it sent.
-// When it changes no record, the record is missing, belongs to another
+// how many records it changed and how many waiters' notifications it sent,
+// in one row or, for "complete", a row per record changed. When it changes
+// no record, the record is missing, belongs to another
 // attempt or is in a state the write may not change: all three are
 // idemstore.ErrLeaseLost for the attempt. On the pool, it is grouped with
 // concurrent statements when Config.GroupCommit is set.
@@ -336,6 +337,9 @@ func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sq
 		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
 	} else {
 		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemstore.ErrLeaseLost // a statement that returns a row per record changed
 	}
 	if err != nil {
 		return interpretError(err)

@@ -17,7 +17,9 @@
 #   idem    idem's reserve and complete statements (queries.sql, the
 #           parameters written in) on idem's table
 #   plainN, idemN  the same on idem's table migrated only up to migration N
-#           (e.g. plain3, idem3: before a later migration)
+#           (e.g. plain3, idem3: before a later migration), idemN with the
+#           statements of the file OLD_QUERIES if set (queries.sql as it
+#           was then: git show REV:idempgx/queries.sql)
 #   plainx, idemx  the same after the statements of the file EXTRA_SQL
 #           ({{schema}} filled in), e.g. other indexes
 #   reserve idem's reserve statement and the plain UPDATE, on idem's table
@@ -56,15 +58,15 @@ notify=$(awk '/^const notifyPayloadSQL = `/ { on = 1; sub(/^const notifyPayloadS
 
 # expand SCHEMA: fills queries.sql's and the migrations' placeholders.
 expand() {
-	COLUMNS_SQL=$columns NOTIFY_SQL=$notify SCHEMA=$1 perl -0pe '
+	COLUMNS_SQL=$columns NOTIFY_SQL=$notify NOTIFY_K_SQL=${notify//u./k.} SCHEMA=$1 perl -0pe '
 		s/\{\{schema\}\}/$ENV{SCHEMA}/g; s/\{\{columns\}\}/$ENV{COLUMNS_SQL}/g;
-		s/\{\{channel\}\}/'"'"'idem_bench'"'"'/g; s/\{\{notify_payload\}\}/$ENV{NOTIFY_SQL}/g;
+		s/\{\{channel\}\}/'"'"'idem_bench'"'"'/g; s/\{\{notify_payload\}\}/$ENV{NOTIFY_SQL}/g; s/\{\{notify_payload_k\}\}/$ENV{NOTIFY_K_SQL}/g;
 		s/\{\{partition_by\}\}//g; s/\{\{partitions\}\}//g'
 }
 
 # statement NAME: the statement NAME of queries.sql, without comments.
 statement() {
-	awk -v name="$1" '/^-- name: / { on = ($3 == name); next } on && !/^[[:space:]]*--/' idempgx/queries.sql |
+	awk -v name="$1" '/^-- name: / { on = ($3 == name); next } on && !/^[[:space:]]*--/' "${queries:-idempgx/queries.sql}" |
 		sed 's/[[:space:]]--.*$//'
 }
 
@@ -161,6 +163,7 @@ setup() {
 	esac
 	case $v in
 	plain*) plain_script "$schema" >"$work/$v.sql" ;;
+	idem[0-9]*) queries=${OLD_QUERIES:-} idem_script "$schema" >"$work/$v.sql" ;;
 	idem*) idem_script "$schema" >"$work/$v.sql" ;;
 	reserve) { plain_insert "$schema" | head -1; idem_reserve "$schema"; plain_update "$schema"; } >"$work/$v.sql" ;;
 	complete) { plain_insert "$schema"; idem_complete "$schema"; } >"$work/$v.sql" ;;
