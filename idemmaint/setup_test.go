@@ -236,9 +236,11 @@ func openPostgres(t *testing.T, now func() time.Time) (idemstore.Store, bulkFunc
 	bulk := func(t *testing.T, ctx context.Context, n int, now time.Time, ttl time.Duration) {
 		t.Helper()
 		_, err := p.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema}.Sanitize()+`.idem_keys (scope, endpoint, key, fingerprint,
-	state, token, locked_until, started_at, lease_expired_state, response_status, created_at, updated_at, expires_at)
+	state, token, locked_until, started_at, lease_expired_state, response_status, created_at, updated_at, expires_at,
+	unknown_since)
 SELECT $2, $3, 'raw-client-key-' || lpad(i::text, 5, '0'), $4, `+bulkStates+`, 'bulk-' || lpad(i::text, 5, '0'),
-	$5, $5, 'unknown', CASE i % 3 WHEN 0 THEN 201 END, $5, $5, $6
+	$5, $5, 'unknown', CASE i % 3 WHEN 0 THEN 201 END, $5, $5, $6,
+	CASE WHEN `+bulkStates+` = 'unknown' THEN $5::timestamptz END
 FROM generate_series(0, $1::int - 1) AS i`, n, id(0).Scope, id(0).Endpoint, testFingerprint, now, now.Add(ttl))
 		if err != nil {
 			t.Fatalf("bulk insert: %v", err)

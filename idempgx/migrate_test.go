@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -113,6 +115,31 @@ func TestEmbeddedSQL(t *testing.T) {
 		}
 		if strings.Contains(strings.ToLower(code.String()), "now()") {
 			t.Errorf("%s reads the server's clock", name)
+		}
+	}
+}
+
+// TestChecksRefuseBadRecords: the checks of the key table (domains and a
+// table constraint) refuse a record no statement writes.
+func TestChecksRefuseBadRecords(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
+	for _, set := range []string{
+		"state = 'done'",
+		"lease_expired_state = 'completed'",
+		"response_status = 200",
+		"state = 'completed'",
+		"state = 'completed', response_status = 42",
+		"attempts = 0",
+		"reconcile_attempts = -1",
+		"reconcile_error = repeat('x', 257)",
+		"ttl = interval '-1 second'",
+	} {
+		_, err := b.store.pool.Exec(b.ctx, "UPDATE "+b.store.schema+".idem_keys SET "+set)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Errorf("SET %s: %v, want a check violation", set, err)
 		}
 	}
 }

@@ -41,6 +41,7 @@ func expand(sql, schema, channel string) string {
 		"{{columns}}", columns,
 		"{{channel}}", "'"+channel+"'",
 		"{{notify_payload}}", notifyPayloadSQL,
+		"{{notify_payload_k}}", strings.ReplaceAll(notifyPayloadSQL, "u.", "k."),
 	).Replace(sql)
 }
 

@@ -133,14 +133,15 @@ func TestReapUnderLiveTraffic(t *testing.T) {
 	_, err := s.pool.Exec(ctx, `
 INSERT INTO `+s.schema+`.idem_keys (scope, endpoint, key, fingerprint, state, token,
     locked_until, started_at, lease_expired_state, response_status, response_header,
-    response_body, created_at, updated_at, expires_at)
+    response_body, created_at, updated_at, expires_at, unknown_since)
 SELECT 'tenant', 'POST /v1/payments', 'expired-' || i, md5(i::text) || md5(i::text), st,
     md5('token' || i), $1::timestamptz - interval '2 days', $1::timestamptz - interval '2 days', 'unknown',
     CASE WHEN st = 'completed' THEN 201 END,
     CASE WHEN st = 'completed' THEN '{"Content-Type":["application/json"]}'::jsonb END,
     CASE WHEN st = 'completed' THEN '{"id":1}'::bytea END,
     $1::timestamptz - interval '2 days', $1::timestamptz - interval '2 days',
-    $1::timestamptz - interval '1 day' + i * interval '1 millisecond'
+    $1::timestamptz - interval '1 day' + i * interval '1 millisecond',
+    CASE WHEN st = 'unknown' THEN $1::timestamptz - interval '2 days' END
 FROM generate_series(1, $2::int) AS i,
     LATERAL (SELECT CASE WHEN i % 1000 = 0 THEN 'in_progress' WHEN i % 10 = 0 THEN 'unknown'
                          WHEN i % 10 = 1 THEN 'released' ELSE 'completed' END AS st) AS s`, now, expired)

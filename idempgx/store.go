@@ -121,6 +121,7 @@ type Store struct {
 	q       *queries
 	notify  *notifier
 	parts   partitionSet // read by KeyReap, see keyReap
+	sweep   sweepMark    // where KeySweep starts
 	group   *grouper     // nil unless Config.GroupCommit
 }
 
@@ -323,8 +324,9 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 }
 
 // fenced runs a write conditional on the token, a statement that returns
-// how many records it changed and how many waiters' notifications it sent.
-// When it changes no record, the record is missing, belongs to another
+// how many records it changed and how many waiters' notifications it sent,
+// in one row or, for "complete", a row per record changed. When it changes
+// no record, the record is missing, belongs to another
 // attempt or is in a state the write may not change: all three are
 // idemstore.ErrLeaseLost for the attempt. On the pool, it is grouped with
 // concurrent statements when Config.GroupCommit is set.
@@ -335,6 +337,9 @@ func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sq
 		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
 	} else {
 		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemstore.ErrLeaseLost // a statement that returns a row per record changed
 	}
 	if err != nil {
 		return interpretError(err)
@@ -488,15 +493,22 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 }
 
 // KeySweep turns at most p.Limit in_progress records whose lease expired
-// into their LeaseExpiredState and returns them.
+// into their LeaseExpiredState and returns them. It reads the sweep index,
+// which holds finished records too, from a watermark forward (see
+// sweepMark), so that a pass does not read the table's history again.
 func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idemstore.Record, error) {
 	limit := p.Limit
 	if limit <= 0 {
 		limit = defaultBatch
 	}
-	recs, err := s.queryRecords(ctx, s.q.sweep, s.now(), limit)
+	now := s.now()
+	from, deep := s.sweep.start(now)
+	recs, err := s.queryRecords(ctx, s.q.sweep, now, limit, from)
 	if err != nil {
 		return nil, fmt.Errorf("sweeping keys: %w", err)
+	}
+	if len(recs) < limit {
+		s.sweep.done(now, deep)
 	}
 	return recs, nil
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# pginstructions.sh: PostgreSQL's instructions per new key, by table and
+# statement shape, counted by callgrind (run by hand, never in CI).
+#
+# The CPU time of pgbench's backends (pgshapes.sh) moves with the machine's
+# load; instruction counts do not. This script creates a private PostgreSQL
+# cluster in a temporary directory (initdb, as the user postgres when run as
+# root), sets up the variants of pgshapes.sh there (VARIANTS, the same
+# names), and runs each variant's two statements in a single-user backend
+# (postgres --single, prepared with PREPARE, each statement its own
+# transaction) under valgrind --tool=callgrind, N1 and then N2 times; the
+# instructions per pair are the difference divided by N2 - N1, so that the
+# backend's start and end cancel out. One backend, no concurrency: the
+# commit's WAL write is counted but no fsync wait, lock wait or network.
+#
+# Settings: VARIANTS="floor plain idem" N1=100 N2=600 PGBIN (default: the
+# directory of pg_config --bindir), SCRIPTS and the rest as pgshapes.sh.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+VARIANTS=${VARIANTS:-floor plain idem}
+N1=${N1:-100} N2=${N2:-600}
+PGBIN=${PGBIN:-$(pg_config --bindir)}
+PORT=${PORT:-55498}
+work=$(mktemp -d /tmp/pginstructions.XXXXXX)
+chmod 755 "$work"
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else bash -c "$*"; fi
+}
+[ "$(id -u)" != 0 ] || chown postgres "$work"
+cleanup() {
+	as_pg "$PGBIN/pg_ctl -D $work/data -m immediate stop" >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+as_pg "$PGBIN/initdb -D $work/data -U postgres --auth=trust" >"$work/initdb.log"
+as_pg "$PGBIN/pg_ctl -D $work/data -o '-p $PORT -k $work -c listen_addresses=127.0.0.1 -c fsync=off' -l $work/log -w start" >/dev/null
+psql -q "postgres://postgres@127.0.0.1:$PORT/postgres" -c "CREATE DATABASE test"
+IDEM_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$PORT/test?sslmode=disable" TAG=pgi SETUP_ONLY="$work/scripts" \
+	VARIANTS="$VARIANTS" scripts/bench/pgshapes.sh >/dev/null 2>&1
+as_pg "$PGBIN/pg_ctl -D $work/data -w stop" >/dev/null
+
+# input SCRIPT N OFFSET: single-user input that prepares the statements of
+# a pgbench script (its :k a parameter) and executes them N times with keys
+# from OFFSET.
+input() {
+	perl -e '
+		my ($n, $off) = @ARGV[1, 2];
+		local $/; open my $f, "<", $ARGV[0] or die; my $src = <$f>;
+		$src =~ s/\A\\set[^\n]*\n//;
+		my @st = grep { /\S/ } split /;\s*\n/, $src;
+		my @out;
+		for my $i (0 .. $#st) { (my $s = $st[$i]) =~ s/:k\b/\$1/g; push @out, "PREPARE s$i(bigint) AS $s" }
+		for my $j (0 .. $n - 1) { push @out, map { "EXECUTE s$_(" . ($off + $j) . ")" } 0 .. $#st }
+		print join(";\n\n", @out), ";\n\n";
+	' "$@"
+}
+
+# count VARIANT N OFFSET: the instructions of a single-user backend running
+# N pairs.
+count() {
+	local in=$work/in.$1.$2 out=$work/cg.$1.$2
+	input "$work/scripts/$1.sql" "$2" "$3" >"$in"
+	chmod 644 "$in"
+	as_pg "valgrind --tool=callgrind --callgrind-out-file=$out $PGBIN/postgres --single -j -D $work/data -c fsync=off test <$in >$work/out.$1.$2 2>&1"
+	if grep -q ERROR "$work/out.$1.$2"; then
+		grep -m 3 ERROR "$work/out.$1.$2" >&2
+		exit 1
+	fi
+	awk '/^(summary|totals):/ { print $2; exit }' "$out"
+}
+
+echo "pginstructions.sh: instructions per pair of a single-user backend, ($N2 - $N1) pairs"
+off=1
+for v in $VARIANTS; do
+	a=$(count "$v" "$N1" "$off")
+	off=$((off + 1000000))
+	b=$(count "$v" "$N2" "$off")
+	off=$((off + 1000000))
+	echo "$v $(((b - a) / (N2 - N1)))"
+done
