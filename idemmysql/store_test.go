@@ -162,13 +162,19 @@ func TestReplayWritesNothing(t *testing.T) {
 	b.requireUnlocked(t, "after the replays", testID)
 }
 
+// raceRounds numbers the calls of raceReserve, so that every attempt has a
+// token of its own, as in production: a contender of one round whose token
+// was the winner's of the round before would read that record as its own.
+var raceRounds atomic.Int64
+
 // raceReserve has n goroutines reserve testID with fingerprint fp1 at once.
 func (b *bundle) raceReserve(t *testing.T, n int, les idemstore.State) []*idemstore.ReserveResult {
 	t.Helper()
+	round := raceRounds.Add(1)
 	results := make([]*idemstore.ReserveResult, n)
 	errs := make([]error, n)
 	testenv.Race(n, func(i int) {
-		results[i], errs[i] = b.store.KeyReserve(b.ctx, reserveParams(fmt.Sprintf("race-%d", i), les))
+		results[i], errs[i] = b.store.KeyReserve(b.ctx, reserveParams(fmt.Sprintf("race-%d-%d", round, i), les))
 	})
 	for i, err := range errs {
 		if err != nil {

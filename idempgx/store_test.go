@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,9 +158,15 @@ func TestReplayWritesNothing(t *testing.T) {
 	}
 }
 
+// raceRounds numbers the calls of raceReserve, so that every attempt has a
+// token of its own, as in production: a contender of one round whose token
+// was the winner's of the round before would read that record as its own.
+var raceRounds atomic.Int64
+
 // raceReserve has n goroutines reserve testID with fingerprint fp1 at once.
 func (b *bundle) raceReserve(t *testing.T, n int, les idemstore.State) []*idemstore.ReserveResult {
 	t.Helper()
+	round := raceRounds.Add(1)
 	results := make([]*idemstore.ReserveResult, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -167,7 +174,7 @@ func (b *bundle) raceReserve(t *testing.T, n int, les idemstore.State) []*idemst
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			results[i], errs[i] = b.store.KeyReserve(b.ctx, reserveParams(fmt.Sprintf("race-%d", i), les))
+			results[i], errs[i] = b.store.KeyReserve(b.ctx, reserveParams(fmt.Sprintf("race-%d-%d", round, i), les))
 		})
 	}
 	close(start)
