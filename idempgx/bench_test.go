@@ -83,8 +83,7 @@ func BenchmarkReplay(b *testing.B) {
 // rawReserve runs the reserve statement and scans its row without building
 // a record.
 func rawReserve(ctx context.Context, s *Store, id idemstore.Identity, token string, now time.Time) (bool, error) {
-	var rs recordScan
-	c := &groupCall{id: id, sql: s.q.reserve, find: s.q.find, found: &rs, args: []any{id.Scope, id.Endpoint, id.Key, fp1, token,
+	c := &groupCall{id: id, sql: s.q.reserve, find: s.q.find, args: []any{id.Scope, id.Endpoint, id.Key, fp1, token,
 		now, now.Add(lease), now.Add(ttl), "unknown", ttl}}
 	err := c.alone(ctx, s.pool)
 	return c.inserted, err

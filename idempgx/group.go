@@ -54,7 +54,7 @@ type grouper struct {
 // groupCall is one statement of a group: it returns one row, scanned into
 // dest. A reservation (find set) is two: sql, an insert that returns no
 // row, then find (with the first three of args), whose row is scanned into
-// found's destinations only when the insert wrote nothing.
+// found only when the insert wrote nothing.
 type groupCall struct {
 	id   idemstore.Identity
 	sql  string
@@ -97,6 +97,7 @@ func (c *groupCall) read(br pgx.BatchResults) error {
 		}
 		return cmp.Or(err, ferr)
 	}
+	c.found = new(recordScan)
 	return br.QueryRow().Scan(c.found.dest()...)
 }
 

@@ -191,18 +191,21 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	sql := s.q.reserve
 	for range maxReserveTries {
 		var reserved bool
-		var rs recordScan
+		var rs *recordScan
 		var err error
 		if sql == s.q.reserve {
-			c := &groupCall{id: p.Identity, sql: sql, args: args, find: s.q.find, found: &rs}
+			c := &groupCall{id: p.Identity, sql: sql, args: args, find: s.q.find}
 			if s.group != nil {
 				err = s.group.run(ctx, c)
 			} else {
 				err = c.alone(ctx, s.pool)
 			}
-			reserved = c.inserted
+			reserved, rs = c.inserted, c.found
 		} else {
-			err = s.pool.QueryRow(ctx, sql, args...).Scan(rs.dest(&reserved)...)
+			rs = new(recordScan)
+			dest := rs.dest(new(bool))
+			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			reserved = *dest[0].(*bool)
 		}
 		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
 			continue // changed by a transaction our snapshot missed
@@ -211,7 +214,11 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			return nil, fmt.Errorf("reserving key: %w", interpretError(err))
 		}
 		if reserved && sql == s.q.reserve {
-			return &idemstore.ReserveResult{Reserved: true, Record: &idemstore.Record{
+			// One allocation for the result and its record.
+			b := &struct {
+				res idemstore.ReserveResult
+				rec idemstore.Record
+			}{rec: idemstore.Record{
 				Identity:          p.Identity,
 				Fingerprint:       p.Fingerprint,
 				State:             idemstore.StateInProgress,
@@ -224,7 +231,9 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 				UpdatedAt:         now,
 				ExpiresAt:         expiresAt,
 				TTL:               ttl,
-			}}, nil
+			}}
+			b.res = idemstore.ReserveResult{Reserved: true, Record: &b.rec}
+			return &b.res, nil
 		}
 		rec, err := rs.record()
 		if err != nil {
