@@ -1,6 +1,7 @@
 package idempgx_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,8 +44,8 @@ const (
 	pgBenchConns       = 10
 )
 
-// sqlRecorder is a pgx.QueryTracer that records the statements sent while
-// it is on.
+// sqlRecorder is a pgx.QueryTracer and pgx.BatchTracer that records the
+// statements sent while it is on.
 type sqlRecorder struct {
 	benchkit.Recorder[recordedStmt]
 }
@@ -61,6 +62,16 @@ func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 }
 
 func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *sqlRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	r.Add(func() recordedStmt { return recordedStmt{sql: data.SQL, args: append([]any(nil), data.Args...)} })
+}
+
+func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // pgBench is a migrated idempgx store in a schema of its own, on a pool
 // whose statements can be recorded, and the middleware on it.
@@ -122,17 +133,17 @@ func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
 
 // learn records the statements of one request with a new key and of one
 // replay of it, and checks their number.
-func (p *pgBench) learn(b *testing.B) (reserve, complete recordedStmt) {
+func (p *pgBench) learn(b *testing.B) (reserve, find, complete recordedStmt) {
 	b.Helper()
 	stmts := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, false) })
-	if len(stmts) != 2 {
-		b.Fatalf("a new key sent %d statements, want 2 (reserve, complete)", len(stmts))
+	if len(stmts) != 3 {
+		b.Fatalf("a new key sent %d statements, want 3 (reserve and find, complete)", len(stmts))
 	}
 	replay := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
-	if len(replay) != 1 || replay[0].sql != stmts[0].sql {
-		b.Fatalf("a replay sent %d statements, want 1 (reserve)", len(replay))
+	if len(replay) != 2 || replay[0].sql != stmts[0].sql || replay[1].sql != stmts[1].sql {
+		b.Fatalf("a replay sent %d statements, want 2 (reserve and find)", len(replay))
 	}
-	return stmts[0], stmts[1]
+	return stmts[0], stmts[1], stmts[2]
 }
 
 // BenchmarkMiddlewarePGNewKey sends requests with new keys through the
@@ -192,8 +203,8 @@ const (
 	completeArgKey, completeArgToken, completeArgNow                                          = 2, 3, 4
 )
 
-// pgRow receives a row of the reserve statement: reserved, then the
-// record's columns.
+// pgRow receives the outcome of the reserve statement (reserved) and the
+// row of find: the record's columns.
 type pgRow struct {
 	reserved                                        bool
 	scope, endpoint, key, fp, state, token, les, rp string
@@ -209,15 +220,16 @@ type pgRow struct {
 }
 
 func (r *pgRow) dest() []any {
-	return []any{&r.reserved, &r.scope, &r.endpoint, &r.key, &r.fp, &r.state, &r.token,
+	return []any{&r.scope, &r.endpoint, &r.key, &r.fp, &r.state, &r.token,
 		&r.lockedUntil, &r.startedAt, &r.les, &r.status, &r.header, &r.body, &r.notReplayable,
 		&r.rp, &r.attempts, &r.created, &r.updated, &r.exp, &r.ttl,
 		&r.reconcileAfter, &r.reconcileAttempts, &r.reconcileError}
 }
 
-// rawReserve sends the recorded reserve statement for key with token at
-// the current time, the lease and retention of the recorded one.
-func rawReserve(ctx context.Context, pool *pgxpool.Pool, st recordedStmt, key, token string) (*pgRow, error) {
+// rawReserve sends the recorded reserve and find statements for key with
+// token at the current time, the lease and retention of the recorded one,
+// as one batch, and reads find's row when reserve inserted nothing.
+func rawReserve(ctx context.Context, pool *pgxpool.Pool, st, find recordedStmt, key, token string) (*pgRow, error) {
 	args := append([]any(nil), st.args...)
 	was := st.args[reserveArgNow].(time.Time)
 	now := time.Now().Truncate(time.Microsecond)
@@ -225,8 +237,16 @@ func rawReserve(ctx context.Context, pool *pgxpool.Pool, st recordedStmt, key, t
 	args[reserveArgLockedUntil] = now.Add(st.args[reserveArgLockedUntil].(time.Time).Sub(was))
 	args[reserveArgExpiresAt] = now.Add(st.args[reserveArgExpiresAt].(time.Time).Sub(was))
 	var row pgRow
-	err := pool.QueryRow(ctx, st.sql, args...).Scan(row.dest()...)
-	return &row, err
+	bt := &pgx.Batch{}
+	bt.Queue(st.sql, args...)
+	bt.Queue(find.sql, args[:3]...)
+	br := pool.SendBatch(ctx, bt)
+	tag, err := br.Exec()
+	row.reserved = err == nil && tag.RowsAffected() == 1
+	if err == nil && !row.reserved {
+		err = br.QueryRow().Scan(row.dest()...)
+	}
+	return &row, cmp.Or(err, br.Close())
 }
 
 // BenchmarkRawPGNewKey is BenchmarkMiddlewarePGNewKey's two statements in
@@ -239,7 +259,7 @@ func BenchmarkRawPGNewKey(b *testing.B) {
 
 func rawPGNewKey(b *testing.B, handler bool) {
 	p := newPGBench(b)
-	reserve, complete := p.learn(b)
+	reserve, find, complete := p.learn(b)
 	ctx := context.Background()
 	var n atomic.Int64
 	b.SetParallelism(pgBenchParallelism)
@@ -249,7 +269,7 @@ func rawPGNewKey(b *testing.B, handler bool) {
 		for pb.Next() {
 			i := n.Add(1)
 			key := "key-" + strconv.FormatInt(i, 10)
-			row, err := rawReserve(ctx, p.pool, reserve, key, key)
+			row, err := rawReserve(ctx, p.pool, reserve, find, key, key)
 			if err != nil || !row.reserved {
 				b.Fatalf("reserve: %v (reserved %v)", err, row.reserved)
 			}
@@ -277,14 +297,14 @@ func BenchmarkRawPGReplay(b *testing.B) {
 
 func rawPGReplay(b *testing.B, handler bool) {
 	p := newPGBench(b)
-	reserve, _ := p.learn(b)
+	reserve, find, _ := p.learn(b)
 	ctx := context.Background()
 	b.SetParallelism(pgBenchParallelism)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			row, err := rawReserve(ctx, p.pool, reserve, "probe", "retry")
+			row, err := rawReserve(ctx, p.pool, reserve, find, "probe", "retry")
 			if err != nil || row.reserved || row.state != "completed" {
 				b.Fatalf("replay: %v (reserved %v, state %s)", err, row.reserved, row.state)
 			}

@@ -83,12 +83,10 @@ func BenchmarkReplay(b *testing.B) {
 // rawReserve runs the reserve statement and scans its row without building
 // a record.
 func rawReserve(ctx context.Context, s *Store, id idemstore.Identity, token string, now time.Time) (bool, error) {
-	var reserved bool
-	var rs recordScan
-	err := s.pool.QueryRow(ctx, s.q.reserve, id.Scope, id.Endpoint, id.Key, fp1, token,
-		now, now.Add(lease), now.Add(ttl), "unknown", ttl).
-		Scan(append([]any{&reserved}, rs.dest()...)...)
-	return reserved, err
+	c := &groupCall{id: id, sql: s.q.reserve, find: s.q.find, args: []any{id.Scope, id.Endpoint, id.Key, fp1, token,
+		now, now.Add(lease), now.Add(ttl), "unknown", ttl}}
+	err := c.alone(ctx, s.pool)
+	return c.inserted, err
 }
 
 // BenchmarkRawReserveComplete is BenchmarkReserveComplete's statements in a

@@ -17,7 +17,7 @@ import (
 	"github.com/idem-dev/idem/idemstore"
 )
 
-// maxGroup bounds the statements of one group.
+// maxGroup bounds the calls of one group.
 const maxGroup = 16
 
 // grouper sends the hot statements of concurrent calls (reserve, complete)
@@ -52,19 +52,65 @@ type grouper struct {
 }
 
 // groupCall is one statement of a group: it returns one row, scanned into
-// dest.
+// dest. A reservation (find set) is two: sql, an insert that returns no
+// row, then find (with the first three of args), whose row is scanned into
+// found only when the insert wrote nothing.
 type groupCall struct {
 	id   idemstore.Identity
 	sql  string
 	args []any
 	dest []any
-	err  error
+	// find, found and inserted: a reservation's.
+	find     string
+	found    *recordScan
+	inserted bool
+	err      error
 	// deadline is the caller's context's, if it has one.
 	deadline    time.Time
 	hasDeadline bool
 	// wake receives true when err and dest are set, false when the call
 	// is handed a flight to lead.
 	wake chan bool
+}
+
+// queue adds c's statements to b.
+func (c *groupCall) queue(b *pgx.Batch) {
+	b.Queue(c.sql, c.args...)
+	if c.find != "" {
+		b.Queue(c.find, c.args[:3]...)
+	}
+}
+
+// read reads c's results from br. A reservation's record is not decoded
+// when its insert wrote one: the caller built it.
+func (c *groupCall) read(br pgx.BatchResults) error {
+	if c.find == "" {
+		return br.QueryRow().Scan(c.dest...)
+	}
+	tag, err := br.Exec()
+	c.inserted = err == nil && tag.RowsAffected() == 1
+	if err != nil || c.inserted {
+		rows, ferr := br.Query()
+		if ferr == nil {
+			rows.Close()
+			ferr = rows.Err()
+		}
+		return cmp.Or(err, ferr)
+	}
+	c.found = new(recordScan)
+	return br.QueryRow().Scan(c.found.dest()...)
+}
+
+// alone runs c's statements by themselves on pool.
+func (c *groupCall) alone(ctx context.Context, pool *pgxpool.Pool) error {
+	if c.find == "" {
+		return pool.QueryRow(ctx, c.sql, c.args...).Scan(c.dest...)
+	}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+	c.queue(b)
+	br := pool.SendBatch(ctx, b)
+	err := c.read(br)
+	return cmp.Or(err, br.Close())
 }
 
 func newGrouper(pool *pgxpool.Pool) *grouper {
@@ -75,7 +121,12 @@ func newGrouper(pool *pgxpool.Pool) *grouper {
 // into dest, in a group with concurrent calls. It returns pgx.ErrNoRows when
 // the statement returned no row.
 func (g *grouper) queryRow(ctx context.Context, id idemstore.Identity, sql string, dest []any, args ...any) error {
-	c := &groupCall{id: id, sql: sql, args: args, dest: dest, wake: make(chan bool, 1)}
+	return g.run(ctx, &groupCall{id: id, sql: sql, args: args, dest: dest})
+}
+
+// run runs c in a group with concurrent calls.
+func (g *grouper) run(ctx context.Context, c *groupCall) error {
+	c.wake = make(chan bool, 1)
 	c.deadline, c.hasDeadline = ctx.Deadline()
 	g.mu.Lock()
 	if g.active < g.flights {
@@ -149,9 +200,9 @@ func (g *grouper) handOff() {
 	next.wake <- false
 }
 
-// alone runs c's statement by itself.
+// alone runs c's statements by themselves.
 func (g *grouper) alone(ctx context.Context, c *groupCall) error {
-	return g.pool.QueryRow(ctx, c.sql, c.args...).Scan(c.dest...)
+	return c.alone(ctx, g.pool)
 }
 
 // send runs group and sets every call's err. A group of one is a plain
@@ -187,12 +238,12 @@ func (g *grouper) send(ctx context.Context, group []*groupCall) {
 	g.grouped.Add(int64(len(group)))
 	b := &pgx.Batch{}
 	for _, c := range group {
-		b.Queue(c.sql, c.args...)
+		c.queue(b)
 	}
 	br := g.pool.SendBatch(gctx, b)
 	var refused bool
 	for _, c := range group {
-		c.err = br.QueryRow().Scan(c.dest...)
+		c.err = c.read(br)
 		refused = refused || isPgError(c.err)
 	}
 	err := br.Close()

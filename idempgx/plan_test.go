@@ -13,7 +13,7 @@ import (
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
-// TestReservePlanUsesPrimaryKey pins down that the reserve and reclaim
+// TestReservePlanUsesPrimaryKey pins down that the find and reclaim
 // statements find their record by the primary key in a generic plan made on
 // an empty table,
 // which is what a pool's connections prepare when a store starts fresh: a
@@ -35,22 +35,28 @@ func TestReservePlanUsesPrimaryKey(t *testing.T) {
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range []struct{ name, sql string }{{"reserve", s.q.reserve}, {"reclaim", s.q.reclaim}} {
+	for _, st := range []struct{ name, sql, args string }{
+		{"find", s.q.find, "'', 'POST /v1/payments', 'key-1'"},
+		{"reclaim", s.q.reclaim, reserveArgs},
+	} {
 		t.Run(st.name, func(t *testing.T) {
-			checkPlanUsesPrimaryKey(ctx, t, conn, st.name, st.sql)
+			checkPlanUsesPrimaryKey(ctx, t, conn, st.name, st.sql, st.args)
 		})
 	}
 }
 
+// reserveArgs are arguments of the reserve and reclaim statements.
+const reserveArgs = `'', 'POST /v1/payments', 'key-1', 'fp',
+		'token', now(), now(), now(), 'unknown', interval '1 day'`
+
 // checkPlanUsesPrimaryKey prepares sql, one of the reserve statements, on
-// conn and checks that every scan of idem_keys in its plan is by the
-// primary key.
-func checkPlanUsesPrimaryKey(ctx context.Context, t *testing.T, conn *pgx.Conn, name, sql string) {
+// conn and checks that every scan of idem_keys in its plan, executed with
+// args, is by the primary key.
+func checkPlanUsesPrimaryKey(ctx context.Context, t *testing.T, conn *pgx.Conn, name, sql, args string) {
 	if _, err := conn.Exec(ctx, "PREPARE idem_"+name+"_plan AS "+sql); err != nil {
 		t.Fatalf("preparing %s: %v", name, err)
 	}
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE idem_`+name+`_plan('', 'POST /v1/payments', 'key-1', 'fp',
-		'token', now(), now(), now(), 'unknown', interval '1 day')`)
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE idem_`+name+`_plan(`+args+`)`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ const notifyPayloadSQL = `md5(octet_length(u.scope)::text || ':' || u.scope
 
 // queries are the store's statements with the placeholders filled in.
 type queries struct {
-	reserve, reclaim, get, complete, release, markUnknown, delete, renew,
+	reserve, find, reclaim, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
 	purgeLock, purge, reconcileClaim, reconcileFail, backlog string
 }
@@ -60,6 +60,7 @@ func loadQueries(schema, channel string) *queries {
 	}
 	return &queries{
 		reserve:     q("reserve"),
+		find:        q("find"),
 		reclaim:     q("reclaim"),
 		get:         q("get"),
 		complete:    q("complete"),

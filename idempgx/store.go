@@ -159,15 +159,17 @@ func (s *Store) now() time.Time {
 
 // KeyReserve inserts a new in_progress record or re-claims a released or
 // expired one, and otherwise returns the existing record without writing to
-// it. A replay or a new key is one statement ("reserve" in queries.sql); a
-// record that statement finds but may be re-claimed (claimable) takes a
-// second, "reclaim", which also does everything the first does.
+// it. A replay or a new key is one round trip: "reserve", an insert that
+// does nothing when the key is there, and "find", which reads the record
+// when it did nothing, in one pipeline (queries.sql); a record found but may
+// be re-claimed (claimable) takes a second round trip, "reclaim", which also
+// does everything the first does.
 //
 // Under READ COMMITTED a statement reads with one snapshot: a record that a
 // concurrent transaction inserted or re-claimed and committed after the
 // snapshot was taken blocks this statement's writes but is invisible to its
-// read. The statement then returns no row, or the record as it was before
-// the concurrent change; it is run again, and the next snapshot sees it.
+// read. The statements then return no row, or the record as it was before
+// the concurrent change; they are run again, and the next snapshot sees it.
 // Under REPEATABLE READ or SERIALIZABLE (a pool whose default isolation is
 // stricter) the same race is a serialization failure, also run again.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
@@ -179,23 +181,59 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		return nil, fmt.Errorf("reserving key: lease expired state %q is not unknown or released", les)
 	}
 	now := s.now()
+	// At PostgreSQL's precision, as pgx sends them: a new record is the one
+	// built here.
+	lockedUntil := now.Add(p.Lease).Truncate(time.Microsecond)
+	expiresAt := now.Add(p.TTL).Truncate(time.Microsecond)
+	ttl := p.TTL.Truncate(time.Microsecond)
+	args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
+		lockedUntil, expiresAt, string(les), ttl}
 	sql := s.q.reserve
 	for range maxReserveTries {
 		var reserved bool
-		var rs recordScan
-		args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
-			now.Add(p.Lease), now.Add(p.TTL), string(les), p.TTL}
+		var rs *recordScan
 		var err error
-		if s.group != nil && sql == s.q.reserve {
-			err = s.group.queryRow(ctx, p.Identity, sql, rs.dest(&reserved), args...)
+		if sql == s.q.reserve {
+			c := &groupCall{id: p.Identity, sql: sql, args: args, find: s.q.find}
+			if s.group != nil {
+				err = s.group.run(ctx, c)
+			} else {
+				err = c.alone(ctx, s.pool)
+			}
+			reserved, rs = c.inserted, c.found
 		} else {
-			err = s.pool.QueryRow(ctx, sql, args...).Scan(rs.dest(&reserved)...)
+			rs = new(recordScan)
+			dest := rs.dest(new(bool))
+			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			reserved = *dest[0].(*bool)
 		}
 		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
 			continue // changed by a transaction our snapshot missed
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reserving key: %w", interpretError(err))
+		}
+		if reserved && sql == s.q.reserve {
+			// One allocation for the result and its record.
+			b := &struct {
+				res idemstore.ReserveResult
+				rec idemstore.Record
+			}{rec: idemstore.Record{
+				Identity:          p.Identity,
+				Fingerprint:       p.Fingerprint,
+				State:             idemstore.StateInProgress,
+				Token:             p.Token,
+				LockedUntil:       lockedUntil,
+				StartedAt:         now,
+				LeaseExpiredState: les,
+				Attempts:          1,
+				CreatedAt:         now,
+				UpdatedAt:         now,
+				ExpiresAt:         expiresAt,
+				TTL:               ttl,
+			}}
+			b.res = idemstore.ReserveResult{Reserved: true, Record: &b.rec}
+			return &b.res, nil
 		}
 		rec, err := rs.record()
 		if err != nil {

@@ -14,8 +14,8 @@
 #   floor   the floor: INSERT and UPDATE by primary key on a table of idem's
 #           columns with only the primary key (as proxy.sh's PG_FLOOR)
 #   plain   the same two statements on idem's table (its migrations)
-#   idem    idem's reserve and complete statements (queries.sql, the
-#           parameters written in) on idem's table
+#   idem    idem's reserve (with find) and complete statements
+#           (queries.sql, the parameters written in) on idem's table
 #   plainN, idemN  the same on idem's table migrated only up to migration N
 #           (e.g. plain3, idem3: before a later migration), idemN with the
 #           statements of the file OLD_QUERIES if set (queries.sql as it
@@ -104,10 +104,16 @@ plain_update() {
 	plain_script "$1" | sed '1,/;$/d'
 }
 
+# idem_reserve SCHEMA: the reserve statement and, when queries.sql has it,
+# find, which KeyReserve sends with it in one round trip.
 idem_reserve() {
 	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$fp" "$token" "now()" \
 		"now() + interval '30 seconds'" "now() + interval '24 hours'" "'unknown'" "interval '24 hours'"
 	echo ';'
+	if [ -n "$(statement find)" ]; then
+		statement find | expand "$1" | params "''" "'POST /v1/payments'" "$key"
+		echo ';'
+	fi
 }
 
 idem_complete() {
