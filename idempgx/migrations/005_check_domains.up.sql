@@ -5,7 +5,7 @@
 -- that relates several columns (idem_keys_response_check) stays on the
 -- table. The columns change to the domains before the domains have their
 -- checks, so that the table is not rewritten; the checks are then added
--- and validated, which reads the table once.
+-- and validated, which reads the table once per domain.
 CREATE DOMAIN {{schema}}.idem_state AS text;
 CREATE DOMAIN {{schema}}.idem_lease_expired_state AS text;
 CREATE DOMAIN {{schema}}.idem_response_status AS integer;
