@@ -79,6 +79,9 @@ type batcher struct {
 	// queued, when set, is called with the queue's length after each write
 	// joins it (tests).
 	queued func(n int)
+	// committed, when set, is called by the leader with the number of
+	// writes of each batch that committed (tests and benchmarks).
+	committed func(n int)
 }
 
 // write is one write waiting for, or running in, a batch.
@@ -214,6 +217,9 @@ func (b *batcher) run(conn *sql.Conn, tx *sql.Tx, err error, batch []*write) {
 			if committed {
 				b.commits.Add(1)
 				b.writes.Add(int64(len(batch)))
+				if b.committed != nil {
+					b.committed(len(batch))
+				}
 			}
 			return
 		}
