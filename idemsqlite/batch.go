@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -156,6 +157,14 @@ func (b *batcher) lead(l *write) {
 		// join it. The transaction must not end with one caller's
 		// context: the others' writes are in it.
 		tx, err := conn.BeginTx(context.Background(), nil)
+		// And let the goroutines that are ready to run go first, until
+		// they bring no more writes: a commit wakes all the writers it
+		// held at once, and the first of them back with its next write
+		// would otherwise lead a batch of one while the others, already
+		// runnable, queue behind it for the commit after. Yielding costs
+		// nothing when no other goroutine is ready (an idle server's lone
+		// write commits at once) and waits for none that is not.
+		b.gather()
 		b.mu.Lock()
 		n := min(len(b.queue), b.max)
 		batch = slices.Clone(b.queue[:n])
@@ -181,6 +190,21 @@ func (b *batcher) lead(l *write) {
 	}
 	if next != nil {
 		next.wake <- struct{}{}
+	}
+}
+
+// gather yields the processor to the goroutines ready to run until a yield
+// queues no new write or the queue holds a full batch.
+func (b *batcher) gather() {
+	for n := -1; ; {
+		b.mu.Lock()
+		m := len(b.queue)
+		b.mu.Unlock()
+		if m == n || m >= b.max {
+			return
+		}
+		n = m
+		runtime.Gosched()
 	}
 }
 
