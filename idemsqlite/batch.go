@@ -18,12 +18,14 @@ import (
 // SQLite has one writer, and with synchronous=FULL every commit waits for
 // an fsync, so writes that arrive together would queue on one fsync each.
 // The batcher groups them instead: the first write to arrive while the
-// writer is free becomes the leader, begins a transaction, takes every
-// write queued by then (its own first), runs each under a savepoint,
-// commits once and hands the results out; writes that arrive meanwhile
-// queue, and when the leader is done the first of them leads the next
-// batch. A lone write therefore commits at once, as it would alone, and
-// under load one fsync serves many writes.
+// writer is free becomes the leader, begins a transaction, lets the
+// goroutines ready to run go first (those a commit just woke come back
+// together with their next writes), takes every write queued by then (its
+// own first), runs each under a savepoint, commits once and hands the
+// results out; writes that arrive meanwhile queue, and when the leader is
+// done the first of them leads the next batch. A lone write therefore
+// commits at once, as it would alone, and under load one fsync serves many
+// writes.
 //
 // The rules it keeps:
 //   - No write is answered before the commit that holds it: the results
