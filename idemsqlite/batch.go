@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,12 +18,14 @@ import (
 // SQLite has one writer, and with synchronous=FULL every commit waits for
 // an fsync, so writes that arrive together would queue on one fsync each.
 // The batcher groups them instead: the first write to arrive while the
-// writer is free becomes the leader, begins a transaction, takes every
-// write queued by then (its own first), runs each under a savepoint,
-// commits once and hands the results out; writes that arrive meanwhile
-// queue, and when the leader is done the first of them leads the next
-// batch. A lone write therefore commits at once, as it would alone, and
-// under load one fsync serves many writes.
+// writer is free becomes the leader, begins a transaction, lets the
+// goroutines ready to run go first (those a commit just woke come back
+// together with their next writes), takes every write queued by then (its
+// own first), runs each under a savepoint, commits once and hands the
+// results out; writes that arrive meanwhile queue, and when the leader is
+// done the first of them leads the next batch. A lone write therefore
+// commits at once, as it would alone, and under load one fsync serves many
+// writes.
 //
 // The rules it keeps:
 //   - No write is answered before the commit that holds it: the results
@@ -79,6 +82,9 @@ type batcher struct {
 	// queued, when set, is called with the queue's length after each write
 	// joins it (tests).
 	queued func(n int)
+	// committed, when set, is called by the leader with the number of
+	// writes of each batch that committed (tests and benchmarks).
+	committed func(n int)
 }
 
 // write is one write waiting for, or running in, a batch.
@@ -153,6 +159,14 @@ func (b *batcher) lead(l *write) {
 		// join it. The transaction must not end with one caller's
 		// context: the others' writes are in it.
 		tx, err := conn.BeginTx(context.Background(), nil)
+		// And let the goroutines that are ready to run go first, until
+		// they bring no more writes: a commit wakes all the writers it
+		// held at once, and the first of them back with its next write
+		// would otherwise lead a batch of one while the others, already
+		// runnable, queue behind it for the commit after. Yielding costs
+		// nothing when no other goroutine is ready (an idle server's lone
+		// write commits at once) and waits for none that is not.
+		b.gather()
 		b.mu.Lock()
 		n := min(len(b.queue), b.max)
 		batch = slices.Clone(b.queue[:n])
@@ -178,6 +192,21 @@ func (b *batcher) lead(l *write) {
 	}
 	if next != nil {
 		next.wake <- struct{}{}
+	}
+}
+
+// gather yields the processor to the goroutines ready to run until a yield
+// queues no new write or the queue holds a full batch.
+func (b *batcher) gather() {
+	for n := -1; ; {
+		b.mu.Lock()
+		m := len(b.queue)
+		b.mu.Unlock()
+		if m == n || m >= b.max {
+			return
+		}
+		n = m
+		runtime.Gosched()
 	}
 }
 
@@ -214,6 +243,9 @@ func (b *batcher) run(conn *sql.Conn, tx *sql.Tx, err error, batch []*write) {
 			if committed {
 				b.commits.Add(1)
 				b.writes.Add(int64(len(batch)))
+				if b.committed != nil {
+					b.committed(len(batch))
+				}
 			}
 			return
 		}

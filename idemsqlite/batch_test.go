@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -388,5 +390,58 @@ func TestGroupCommitCancelWhileQueued(t *testing.T) {
 		if _, err := s.KeyGet(ctx, reserveParams(key, "").Identity); !errors.Is(err, want) {
 			t.Errorf("KeyGet(%s) = %v; want %v", key, err, want)
 		}
+	}
+}
+
+// TestGroupCommitRunnableWritersJoin: the writers a commit wakes come back
+// together with their next writes, and those share the next commit: the
+// first of them back does not lead a batch of one while the others, ready
+// to run, wait for the commit after. With one processor, so that the others
+// are runnable but not running when the first leads; in several rounds, as
+// the scheduler may now and then run the leader first anyway (a batch of
+// one and then the others, which the group commit without yielding did in
+// every round). Not parallel: it sets GOMAXPROCS.
+func TestGroupCommitRunnableWritersJoin(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const writers, rounds = 8, 8
+	s := openStore(t, nil)
+	var sizes []int // the leader calls OnCommitted, one at a time
+	idemsqlite.OnCommitted(s, func(n int) { sizes = append(sizes, n) })
+	ctx := t.Context()
+	joined := 0
+	for round := range rounds {
+		wait, release := holdWriter(t, s)
+		sizes = sizes[:0]
+		errs := make(chan error, writers)
+		var wg sync.WaitGroup
+		for i := range writers {
+			p := reserveParams(fmt.Sprint("key-", round, "-", i), "t")
+			wg.Go(func() {
+				_, err := s.KeyReserve(ctx, p)
+				if err == nil {
+					err = s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: p.Identity, Token: "t", Response: created("x")})
+				}
+				errs <- err
+			})
+		}
+		wait(writers)
+		release()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("round %d: commits of %v writes", round, sizes)
+		if len(sizes) == 0 || sizes[0] != writers {
+			t.Fatalf("round %d: the reservations, queued together, committed as %v; want one commit", round, sizes)
+		}
+		if slices.Equal(sizes, []int{writers, writers}) {
+			joined++
+		}
+	}
+	if joined == 0 {
+		t.Fatalf("in no round of %d did the completions share one commit", rounds)
 	}
 }

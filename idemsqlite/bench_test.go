@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -41,7 +42,7 @@ func BenchmarkReserve(b *testing.B) {
 // BenchmarkReserveParallel measures new-key reservations from many
 // goroutines at once, all contending for SQLite's single writer.
 func BenchmarkReserveParallel(b *testing.B) {
-	s := openStore(b, nil)
+	s := countBatches(openStore(b, nil))
 	ctx := b.Context()
 	var n atomic.Int64
 	b.SetParallelism(16)
@@ -66,7 +67,7 @@ func BenchmarkReserveParallel(b *testing.B) {
 // proxy` stores for its benchmark's upstream), from 16 goroutines per CPU,
 // each write durable (synchronous=FULL) in a group commit.
 func BenchmarkNewKeyParallel(b *testing.B) {
-	s := openStore(b, nil)
+	s := countBatches(openStore(b, nil))
 	ctx := b.Context()
 	resp := &idemstore.Response{
 		Status: http.StatusCreated,
@@ -162,7 +163,7 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 // the middleware on the default store from 16 goroutines per CPU, as a
 // loaded server sees them: all of them wait for SQLite's one writer.
 func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
-	s := openStore(b, nil)
+	s := countBatches(openStore(b, nil))
 	h := idem.New(s, nil)(benchkit.Handler)
 	var n atomic.Int64
 	b.SetParallelism(16)
@@ -181,11 +182,37 @@ func BenchmarkMiddlewareNewKeyParallel(b *testing.B) {
 	reportBatches(b, s)
 }
 
-// reportBatches reports the writes per commit of s's group commit.
+// reportBatches reports the writes per commit of s's group commit and its
+// commits per op, and logs how many commits held how many writes.
 func reportBatches(b *testing.B, s *idemsqlite.Store) {
-	if commits, writes := idemsqlite.BatchStats(s); commits > 0 {
-		b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+	commits, writes := idemsqlite.BatchStats(s)
+	if commits == 0 {
+		return
 	}
+	b.ReportMetric(float64(writes)/float64(commits), "writes/commit")
+	b.ReportMetric(float64(commits)/float64(b.N), "commits/op")
+	if h := batchSizes[s]; h != nil {
+		var sb strings.Builder
+		for n, c := range h {
+			if c > 0 {
+				fmt.Fprintf(&sb, " %d:%d", n, c)
+			}
+		}
+		b.Logf("N=%d, commits of n writes (n:commits):%s", b.N, sb.String())
+	}
+}
+
+// batchSizes counts, per store that countBatches was called on, its
+// committed batches by number of writes.
+var batchSizes = map[*idemsqlite.Store][]int64{}
+
+// countBatches makes s count its committed batches by size in batchSizes
+// (for reportBatches). Call it before using s.
+func countBatches(s *idemsqlite.Store) *idemsqlite.Store {
+	h := make([]int64, 65)
+	batchSizes[s] = h
+	idemsqlite.OnCommitted(s, func(n int) { h[min(n, len(h)-1)]++ })
+	return s
 }
 
 // reportCPU starts measuring the process's CPU time (user and system: the

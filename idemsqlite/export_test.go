@@ -32,6 +32,10 @@ func ReadsFirst(s *Store) bool { return s.readFirst() }
 // Call it before using s.
 func OnQueued(s *Store, f func(n int)) { s.batch.queued = f }
 
+// OnCommitted makes s call f with the number of writes of each group-commit
+// transaction that committed; one call at a time. Call it before using s.
+func OnCommitted(s *Store, f func(n int)) { s.batch.committed = f }
+
 // WriteTx runs f as one write of the store, in a transaction it may share
 // with other writes (group commit).
 func WriteTx(s *Store, ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
