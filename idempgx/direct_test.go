@@ -1,0 +1,111 @@
+package idempgx
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/testenv"
+)
+
+// batchRecorder is a pgx.QueryTracer and pgx.BatchTracer that keeps the
+// statements it sees.
+type batchRecorder struct {
+	mu   sync.Mutex
+	sqls []string
+	errs []error
+}
+
+func (r *batchRecorder) add(sql string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sqls = append(r.sqls, sql)
+	r.errs = append(r.errs, err)
+}
+
+func (r *batchRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	r.add(data.SQL, nil)
+	return ctx
+}
+
+func (r *batchRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *batchRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *batchRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	r.add(data.SQL, data.Err)
+}
+
+func (r *batchRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestTracerSeesStatements checks that a tracer on the pool sees the
+// statements of a new key and of a replay, alone and grouped, with their
+// outcome, although the store sends them through pgconn.
+func TestTracerSeesStatements(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &batchRecorder{}
+	cfg.ConnConfig.Tracer = rec
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema := newSchemaName()
+	s := New(pool, &Config{Schema: schema})
+	t.Cleanup(func() {
+		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, grouped := range []bool{false, true} {
+		s.group = nil
+		if grouped {
+			s.group = newGrouper(pool)
+		}
+		rec.mu.Lock()
+		rec.sqls, rec.errs = nil, nil
+		rec.mu.Unlock()
+		id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: "traced"}
+		if grouped {
+			id.Key = "traced-grouped"
+		}
+		p := &idemstore.ReserveParams{Identity: id, Fingerprint: fp1, Token: "t1", Lease: lease, TTL: ttl}
+		if res, err := s.KeyReserve(t.Context(), p); err != nil || !res.Reserved {
+			t.Fatalf("KeyReserve: %v", err)
+		}
+		if err := s.KeyComplete(t.Context(), &idemstore.CompleteParams{Identity: id, Token: "t1", Response: sampleResponse()}); err != nil {
+			t.Fatalf("KeyComplete: %v", err)
+		}
+		p.Token = "t2"
+		if res, err := s.KeyReserve(t.Context(), p); err != nil || res.Reserved {
+			t.Fatalf("replay: %v", err)
+		}
+		want := []string{s.q.reserve, s.q.find, s.q.complete, s.q.reserve, s.q.find}
+		rec.mu.Lock()
+		got, errs := slices.Clone(rec.sqls), slices.Clone(rec.errs)
+		rec.mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Errorf("grouped %v: the tracer saw %d statements, want %d (reserve, find, complete, reserve, find):\n%q", grouped, len(got), len(want), got)
+		}
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("grouped %v: statement %d traced with error %v", grouped, i, err)
+			}
+		}
+	}
+}
