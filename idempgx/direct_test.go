@@ -109,3 +109,58 @@ func TestTracerSeesStatements(t *testing.T) {
 		}
 	}
 }
+
+// TestStatementsPreparedAgainAfterTableChange checks that when the key
+// table changes under the statements prepared on a connection (the record
+// read by find changes type), the next call fails at most once, as with
+// pgx's statement cache, and the one after it prepares them again and
+// works.
+func TestStatementsPreparedAgainAfterTableChange(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // one connection: the one that prepared them
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema := newSchemaName()
+	s := New(pool, &Config{Schema: schema})
+	t.Cleanup(func() {
+		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	ctx := t.Context()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := &idemstore.ReserveParams{Identity: testID, Fingerprint: fp1, Token: "t1", Lease: lease, TTL: ttl}
+	if res, err := s.KeyReserve(ctx, p); err != nil || !res.Reserved {
+		t.Fatalf("KeyReserve: %v", err)
+	}
+	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t1", Response: sampleResponse()}); err != nil {
+		t.Fatalf("KeyComplete: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+s.schema+".idem_keys ALTER COLUMN reconcile_error TYPE varchar(256)"); err != nil {
+		t.Fatal(err)
+	}
+	p.Token = "t2"
+	failed := 0
+	for range 3 {
+		res, err := s.KeyReserve(ctx, p)
+		if err != nil {
+			failed++
+			continue
+		}
+		if res.Reserved || res.Record.State != idemstore.StateCompleted {
+			t.Fatalf("replay: %+v", res)
+		}
+	}
+	if failed > 1 {
+		t.Errorf("%d replays of 3 failed after the table changed, want at most 1", failed)
+	}
+}
