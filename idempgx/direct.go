@@ -2,9 +2,11 @@ package idempgx
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -12,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// execCalls runs the statements of calls in one write and one implicit
+// exec runs the statements of calls in one write and one implicit
 // transaction on a connection of pool, and sets each call's outcome
 // (c.err). It returns the batch's error, which is every call's: the
 // server's error (the transaction rolled back) or a failure of the
@@ -25,8 +27,9 @@ import (
 // on each connection once, named by their text as pgx.Conn.Prepare names
 // them, which pgx's own batches and queries then use too. A tracer on the
 // pool sees them as a batch, as it saw pgx's.
-func execCalls(ctx context.Context, pool *pgxpool.Pool, tracer pgx.BatchTracer, calls []*groupCall) (err error) {
-	conn, err := pool.Acquire(ctx)
+func (sn *sender) exec(ctx context.Context, calls []*groupCall) (err error) {
+	tracer := sn.tracer
+	conn, err := sn.pool.Acquire(ctx)
 	if err != nil {
 		for _, c := range calls {
 			c.err = err
@@ -46,21 +49,21 @@ func execCalls(ctx context.Context, pool *pgxpool.Pool, tracer pgx.BatchTracer, 
 	var batch pgconn.Batch
 	bb := builders.Get().(*builder)
 	defer builders.Put(bb)
-	bb.formats = bb.formats[:0]
 	add := func(sql string, args []any) error {
 		sd, err := pc.Prepare(ctx, sql, sql)
 		if err != nil {
 			return err
 		}
+		formats := sn.resultFormats(sd, pc.TypeMap())
+		if bb.encode(sd, args) {
+			batch.ExecStatement(sd, bb.values, bb.paramFormats, formats)
+			return nil
+		}
 		eqb := &bb.eqb
 		if err := eqb.Build(pc.TypeMap(), sd, args); err != nil {
 			return fmt.Errorf("encoding the arguments of %q: %w", sql, err)
 		}
-		// The batch keeps the result formats until it is read; the
-		// builder reuses its slice.
-		n := len(bb.formats)
-		bb.formats = append(bb.formats, eqb.ResultFormats...)
-		batch.ExecStatement(sd, eqb.ParamValues, eqb.ParamFormats, bb.formats[n:len(bb.formats):len(bb.formats)])
+		batch.ExecStatement(sd, eqb.ParamValues, eqb.ParamFormats, formats)
 		return nil
 	}
 	for _, c := range calls {
@@ -91,15 +94,145 @@ func execCalls(ctx context.Context, pool *pgxpool.Pool, tracer pgx.BatchTracer, 
 	return err
 }
 
-// builder encodes the arguments of a batch's statements: the builder's
-// buffers, and the result formats of every statement, kept for reading the
-// results, are reused from one batch to the next.
-type builder struct {
-	eqb     pgx.ExtendedQueryBuilder
+// sender sends calls' statements on pool (exec).
+type sender struct {
+	pool    *pgxpool.Pool
+	tracer  pgx.BatchTracer // the pool's, or nil
+	formats sync.Map        // statement text → *resultFormats
+}
+
+func newSender(pool *pgxpool.Pool) *sender {
+	bt, _ := pool.Config().ConnConfig.Tracer.(pgx.BatchTracer)
+	return &sender{pool: pool, tracer: bt}
+}
+
+// resultFormats is the format in which each column of a statement's rows
+// is asked for, pgx's choice for its type, kept for the types it was
+// chosen for.
+type resultFormats struct {
+	oids    []uint32
 	formats []int16
 }
 
+// resultFormats returns the formats pgx would ask for the columns of sd,
+// found once per statement and column types instead of once per column
+// at every call.
+func (sn *sender) resultFormats(sd *pgconn.StatementDescription, m *pgtype.Map) []int16 {
+	if v, ok := sn.formats.Load(sd.SQL); ok {
+		rf := v.(*resultFormats)
+		if len(rf.oids) == len(sd.Fields) && func() bool {
+			for i, f := range sd.Fields {
+				if rf.oids[i] != f.DataTypeOID {
+					return false
+				}
+			}
+			return true
+		}() {
+			return rf.formats
+		}
+	}
+	rf := &resultFormats{oids: make([]uint32, len(sd.Fields)), formats: make([]int16, len(sd.Fields))}
+	for i, f := range sd.Fields {
+		rf.oids[i], rf.formats[i] = f.DataTypeOID, m.FormatCodeForOID(f.DataTypeOID)
+	}
+	sn.formats.Store(sd.SQL, rf)
+	return rf.formats
+}
+
+// builder encodes the arguments of a batch's statements, reused from one
+// batch to the next.
+type builder struct {
+	eqb          pgx.ExtendedQueryBuilder
+	buf          []byte
+	values       [][]byte
+	paramFormats []int16
+}
+
 var builders = sync.Pool{New: func() any { return new(builder) }}
+
+// encode encodes args, the arguments of sd, into b.values and
+// b.paramFormats as pgx's ExtendedQueryBuilder would (strings as text,
+// the other types the store sends in binary, nil pointers as NULL), or
+// reports false for an argument of another type or an unexpected
+// parameter type: pgx's builder then encodes them.
+func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
+	if len(args) != len(sd.ParamOIDs) {
+		return false
+	}
+	b.buf, b.values, b.paramFormats = b.buf[:0], b.values[:0], b.paramFormats[:0]
+	for i, a := range args {
+		oid := sd.ParamOIDs[i]
+		format := int16(pgtype.BinaryFormatCode)
+		start := len(b.buf)
+		null := false
+		switch v := a.(type) {
+		case string:
+			format = pgtype.TextFormatCode
+			b.buf = append(b.buf, v...)
+		case *string:
+			format = pgtype.TextFormatCode
+			if null = v == nil; !null {
+				b.buf = append(b.buf, *v...)
+			}
+		case time.Time:
+			if oid != pgtype.TimestamptzOID {
+				return false
+			}
+			us := v.Unix()*1_000_000 + int64(v.Nanosecond())/1000 - y2kMicroseconds
+			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(us))
+		case time.Duration:
+			if oid != pgtype.IntervalOID {
+				return false
+			}
+			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(int64(v)/1000))
+			b.buf = binary.BigEndian.AppendUint64(b.buf, 0) // days, months
+		case bool:
+			if oid != pgtype.BoolOID {
+				return false
+			}
+			if v {
+				b.buf = append(b.buf, 1)
+			} else {
+				b.buf = append(b.buf, 0)
+			}
+		case *int32:
+			if oid != pgtype.Int4OID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = binary.BigEndian.AppendUint32(b.buf, uint32(*v))
+			}
+		case []byte:
+			if oid != pgtype.ByteaOID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = append(b.buf, v...)
+			}
+		default:
+			return false
+		}
+		b.paramFormats = append(b.paramFormats, format)
+		switch {
+		case null:
+			b.values = append(b.values, nil)
+		case start == len(b.buf):
+			b.values = append(b.values, empty) // not NULL
+		default:
+			// A later append may move b.buf: what it held stays where
+			// this slice points.
+			b.values = append(b.values, b.buf[start:len(b.buf):len(b.buf)])
+		}
+	}
+	return true
+}
+
+// empty is an empty value, which a nil slice is not: NULL.
+var empty = []byte{}
+
+// y2kMicroseconds is PostgreSQL's epoch, 2000-01-01 UTC, in microseconds
+// since the Unix epoch.
+const y2kMicroseconds = 946_684_800 * 1_000_000
 
 // forgetStatements deallocates the statements of calls on pc after the
 // server said that one of them is no longer valid as prepared (its table
@@ -199,11 +332,4 @@ func (c *groupCall) readDirect(r *directResults) error {
 	}
 	c.found = new(recordScan)
 	return r.queryRow(c.find, c.args[:3], c.found.dest())
-}
-
-// batchTracer returns the tracer of pool's connections as a pgx.BatchTracer,
-// or nil.
-func batchTracer(pool *pgxpool.Pool) pgx.BatchTracer {
-	bt, _ := pool.Config().ConnConfig.Tracer.(pgx.BatchTracer)
-	return bt
 }

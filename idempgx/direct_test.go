@@ -1,12 +1,16 @@
 package idempgx
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -162,5 +166,76 @@ func TestStatementsPreparedAgainAfterTableChange(t *testing.T) {
 	}
 	if failed > 1 {
 		t.Errorf("%d replays of 3 failed after the table changed, want at most 1", failed)
+	}
+}
+
+// TestEncodeAsPgx checks that the store's encoding of its arguments is
+// pgx's, byte for byte, NULLs and empty values included, and that it leaves
+// the types it does not know to pgx.
+func TestEncodeAsPgx(t *testing.T) {
+	t.Parallel()
+	status, header := int32(201), `{"a":["b"]}`
+	when := time.Date(2026, 11, 27, 13, 31, 52, 123456789, time.FixedZone("x", 3600))
+	tests := []struct {
+		name string
+		oid  uint32
+		arg  any
+	}{
+		{"text", pgtype.TextOID, "tenant"},
+		{"empty text", pgtype.TextOID, ""},
+		{"text as jsonb", pgtype.JSONBOID, &header},
+		{"nil text", pgtype.JSONBOID, (*string)(nil)},
+		{"empty pointed text", pgtype.TextOID, new(string)},
+		{"time", pgtype.TimestamptzOID, when},
+		{"time before 2000", pgtype.TimestamptzOID, time.Date(1999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
+		{"duration", pgtype.IntervalOID, 36*time.Hour + 1500*time.Nanosecond},
+		{"negative duration", pgtype.IntervalOID, -90 * time.Second},
+		{"true", pgtype.BoolOID, true},
+		{"false", pgtype.BoolOID, false},
+		{"int4", pgtype.Int4OID, &status},
+		{"nil int4", pgtype.Int4OID, (*int32)(nil)},
+		{"bytea", pgtype.ByteaOID, []byte("body")},
+		{"empty bytea", pgtype.ByteaOID, []byte{}},
+		{"nil bytea", pgtype.ByteaOID, []byte(nil)},
+	}
+	// All at once, as a statement's arguments, and each alone.
+	sd := &pgconn.StatementDescription{}
+	var args []any
+	for _, tt := range tests {
+		sd.ParamOIDs = append(sd.ParamOIDs, tt.oid)
+		args = append(args, tt.arg)
+	}
+	var want pgx.ExtendedQueryBuilder
+	if err := want.Build(pgtype.NewMap(), sd, args); err != nil {
+		t.Fatal(err)
+	}
+	var b builder
+	if !b.encode(sd, args) {
+		t.Fatal("encode refused the store's argument types")
+	}
+	for i, tt := range tests {
+		if got, w := b.values[i], want.ParamValues[i]; !bytes.Equal(got, w) || (got == nil) != (w == nil) {
+			t.Errorf("%s: value %x (nil %v), pgx's %x (nil %v)", tt.name, got, got == nil, w, w == nil)
+		}
+		if got, w := b.paramFormats[i], want.ParamFormats[i]; got != w {
+			t.Errorf("%s: format %d, pgx's %d", tt.name, got, w)
+		}
+	}
+	for i, tt := range tests {
+		var alone builder
+		if !alone.encode(&pgconn.StatementDescription{ParamOIDs: []uint32{tt.oid}}, []any{tt.arg}) {
+			t.Fatalf("%s alone: refused", tt.name)
+		}
+		if got, w := alone.values[0], want.ParamValues[i]; !bytes.Equal(got, w) || (got == nil) != (w == nil) {
+			t.Errorf("%s alone: value %x (nil %v), pgx's %x (nil %v)", tt.name, got, got == nil, w, w == nil)
+		}
+	}
+	for _, unknown := range []struct {
+		oid uint32
+		arg any
+	}{{pgtype.Int8OID, int64(1)}, {pgtype.TextOID, time.Now()}, {pgtype.Int8OID, &status}} {
+		if b.encode(&pgconn.StatementDescription{ParamOIDs: []uint32{unknown.oid}}, []any{unknown.arg}) {
+			t.Errorf("encode took a %T for type %d", unknown.arg, unknown.oid)
+		}
 	}
 }

@@ -42,7 +42,7 @@ const maxGroup = 16
 // never wait for each other's locks in opposite orders.
 type grouper struct {
 	pool    *pgxpool.Pool
-	tracer  pgx.BatchTracer // nil: none
+	sender  *sender
 	flights int
 
 	mu     sync.Mutex
@@ -83,13 +83,13 @@ func (c *groupCall) queue(b *pgx.Batch) {
 }
 
 // alone runs c's statements by themselves on pool.
-func (c *groupCall) alone(ctx context.Context, pool *pgxpool.Pool, tracer pgx.BatchTracer) error {
-	execCalls(ctx, pool, tracer, []*groupCall{c})
+func (c *groupCall) alone(ctx context.Context, sn *sender) error {
+	sn.exec(ctx, []*groupCall{c})
 	return c.err
 }
 
 func newGrouper(pool *pgxpool.Pool) *grouper {
-	return &grouper{pool: pool, tracer: batchTracer(pool), flights: max(1, int(pool.Config().MaxConns)/4)}
+	return &grouper{pool: pool, sender: newSender(pool), flights: max(1, int(pool.Config().MaxConns)/4)}
 }
 
 // queryRow runs sql, which returns one row, with args, and scans the row
@@ -177,7 +177,7 @@ func (g *grouper) handOff() {
 
 // alone runs c's statements by themselves.
 func (g *grouper) alone(ctx context.Context, c *groupCall) error {
-	return c.alone(ctx, g.pool, g.tracer)
+	return c.alone(ctx, g.sender)
 }
 
 // send runs group and sets every call's err. A group of one is a plain
@@ -211,7 +211,7 @@ func (g *grouper) send(ctx context.Context, group []*groupCall) {
 			strings.Compare(a.id.Endpoint, b.id.Endpoint), strings.Compare(a.id.Key, b.id.Key))
 	})
 	g.grouped.Add(int64(len(group)))
-	if err := execCalls(gctx, g.pool, g.tracer, group); isPgError(err) {
+	if err := g.sender.exec(gctx, group); isPgError(err) {
 		for _, c := range group {
 			c.err = errGroupRolledBack
 		}

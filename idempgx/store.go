@@ -120,10 +120,10 @@ type Store struct {
 	channel string // notification channel, see notifyChannel
 	q       *queries
 	notify  *notifier
-	parts   partitionSet    // read by KeyReap, see keyReap
-	sweep   sweepMark       // where KeySweep starts
-	group   *grouper        // nil unless Config.GroupCommit
-	tracer  pgx.BatchTracer // the pool's, or nil
+	parts   partitionSet // read by KeyReap, see keyReap
+	sweep   sweepMark    // where KeySweep starts
+	group   *grouper     // nil unless Config.GroupCommit
+	send    *sender      // the reservation's statements, without GroupCommit
 }
 
 var (
@@ -137,7 +137,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Store {
 	c := cfg.withDefaults()
 	schema := pgx.Identifier{c.Schema}.Sanitize()
 	channel := notifyChannel(c.Schema)
-	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel), tracer: batchTracer(pool)}
+	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel), send: newSender(pool)}
 	s.notify = newNotifier(s)
 	if c.GroupCommit {
 		s.group = newGrouper(pool)
@@ -199,7 +199,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			if s.group != nil {
 				err = s.group.run(ctx, c)
 			} else {
-				err = c.alone(ctx, s.pool, s.tracer)
+				err = c.alone(ctx, s.send)
 			}
 			reserved, rs = c.inserted, c.found
 		} else {
