@@ -293,6 +293,10 @@ func (r *directResults) queryRow(sql string, args []any, dest []any) error {
 		r.trace(sql, args, pgconn.CommandTag{}, err)
 		return err
 	}
+	if ok, tag, err := scanInt64s(rr, dest); ok {
+		r.trace(sql, args, tag, err)
+		return err
+	}
 	rows := pgx.RowsFromResultReader(r.typeMap, rr)
 	found := rows.Next()
 	if found {
@@ -307,6 +311,41 @@ func (r *directResults) queryRow(sql string, args []any, dest []any) error {
 	}
 	r.trace(sql, args, rows.CommandTag(), err)
 	return err
+}
+
+// scanInt64s scans the first row of rr into dest, as queryRow, when every
+// destination is an *int64 and every column a bigint in binary (the fenced
+// writes' counts), without pgx's scan plans; otherwise it reports false
+// and reads nothing.
+func scanInt64s(rr *pgconn.ResultReader, dest []any) (ok bool, tag pgconn.CommandTag, err error) {
+	fds := rr.FieldDescriptions()
+	if len(fds) != len(dest) {
+		return false, tag, nil
+	}
+	for i, fd := range fds {
+		if _, ok := dest[i].(*int64); !ok || fd.DataTypeOID != pgtype.Int8OID || fd.Format != pgtype.BinaryFormatCode {
+			return false, tag, nil
+		}
+	}
+	found := rr.NextRow()
+	if found {
+		for i, v := range rr.Values() {
+			if len(v) != 8 {
+				err = fmt.Errorf("can't scan column %d (%s): %d bytes for a bigint", i, fds[i].Name, len(v))
+				break
+			}
+			*dest[i].(*int64) = int64(binary.BigEndian.Uint64(v))
+		}
+	}
+	tag, cerr := rr.Close()
+	switch {
+	case err != nil:
+	case cerr != nil:
+		err = cerr
+	case !found:
+		err = pgx.ErrNoRows
+	}
+	return true, tag, err
 }
 
 func (r *directResults) trace(sql string, args []any, tag pgconn.CommandTag, err error) {

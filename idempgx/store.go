@@ -123,7 +123,7 @@ type Store struct {
 	parts   partitionSet // read by KeyReap, see keyReap
 	sweep   sweepMark    // where KeySweep starts
 	group   *grouper     // nil unless Config.GroupCommit
-	send    *sender      // the reservation's statements, without GroupCommit
+	send    *sender      // the reservation's and fenced statements, without GroupCommit
 }
 
 var (
@@ -372,9 +372,12 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sql string, args ...any) error {
 	var changed, notified int64
 	var err error
-	if s.group != nil && q == querier(s.pool) {
+	switch {
+	case s.group != nil && q == querier(s.pool):
 		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
-	} else {
+	case q == querier(s.pool):
+		err = (&groupCall{id: id, sql: sql, args: args, dest: []any{&changed, &notified}}).alone(ctx, s.send)
+	default:
 		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
