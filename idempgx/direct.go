@@ -1,6 +1,7 @@
 package idempgx
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -28,6 +29,9 @@ import (
 // them, which pgx's own batches and queries then use too. A tracer on the
 // pool sees them as a batch, as it saw pgx's.
 func (sn *sender) exec(ctx context.Context, calls []*groupCall) (err error) {
+	if !sn.prepare {
+		return sn.execPgx(ctx, calls)
+	}
 	tracer := sn.tracer
 	conn, err := sn.pool.Acquire(ctx)
 	if err != nil {
@@ -96,14 +100,63 @@ func (sn *sender) exec(ctx context.Context, calls []*groupCall) (err error) {
 
 // sender sends calls' statements on pool (exec).
 type sender struct {
-	pool    *pgxpool.Pool
-	tracer  pgx.BatchTracer // the pool's, or nil
-	formats sync.Map        // statement text → *resultFormats
+	pool   *pgxpool.Pool
+	tracer pgx.BatchTracer // the pool's, or nil
+	// prepare: the pool's connections cache prepared statements (pgx's
+	// default QueryExecModeCacheStatement). Otherwise (a pool set up for
+	// a pooler that keeps no prepared statement, say), the statements go
+	// as pgx sends them in the pool's mode.
+	prepare bool
+	formats sync.Map // statement text → *resultFormats
 }
 
 func newSender(pool *pgxpool.Pool) *sender {
-	bt, _ := pool.Config().ConnConfig.Tracer.(pgx.BatchTracer)
-	return &sender{pool: pool, tracer: bt}
+	cc := pool.Config().ConnConfig
+	bt, _ := cc.Tracer.(pgx.BatchTracer)
+	return &sender{pool: pool, tracer: bt,
+		prepare: cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement && cc.StatementCacheCapacity > 0}
+}
+
+// execPgx is exec through pgx's batch, in the pool's query mode.
+func (sn *sender) execPgx(ctx context.Context, calls []*groupCall) error {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2*len(calls))}
+	for _, c := range calls {
+		c.queue(b)
+	}
+	br := sn.pool.SendBatch(ctx, b)
+	var refused error
+	for _, c := range calls {
+		if c.err = c.read(br); refused == nil && isPgError(c.err) {
+			refused = c.err
+		}
+	}
+	err := cmp.Or(refused, br.Close())
+	if err != nil {
+		for _, c := range calls {
+			c.err = err
+		}
+	}
+	return err
+}
+
+// read reads c's results from br. A reservation's record is not decoded
+// when its insert wrote one: the caller built it.
+func (c *groupCall) read(br pgx.BatchResults) error {
+	if c.find == "" {
+		return br.QueryRow().Scan(c.dest...)
+	}
+	tag, err := br.Exec()
+	c.inserted = err == nil && tag.RowsAffected() == 1
+	if err != nil || c.inserted {
+		rows, ferr := br.Query()
+		if ferr == nil {
+			rows.Close()
+			ferr = rows.Err()
+		}
+		return cmp.Or(err, ferr)
+	}
+	c.found = new(recordScan)
+	return br.QueryRow().Scan(c.found.dest()...)
 }
 
 // resultFormats is the format in which each column of a statement's rows

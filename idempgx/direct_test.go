@@ -3,6 +3,7 @@ package idempgx
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -236,6 +237,60 @@ func TestEncodeAsPgx(t *testing.T) {
 	}{{pgtype.Int8OID, int64(1)}, {pgtype.TextOID, time.Now()}, {pgtype.Int8OID, &status}} {
 		if b.encode(&pgconn.StatementDescription{ParamOIDs: []uint32{unknown.oid}}, []any{unknown.arg}) {
 			t.Errorf("encode took a %T for type %d", unknown.arg, unknown.oid)
+		}
+	}
+}
+
+// TestNoPreparedStatementsInOtherModes checks that on a pool whose
+// connections do not cache prepared statements (QueryExecModeExec, as for a
+// pooler in transaction mode) the store prepares none, grouped or not.
+func TestNoPreparedStatementsInOtherModes(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.MaxConns = 1 // one session, whose prepared statements are counted
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema := newSchemaName()
+	s := New(pool, &Config{Schema: schema})
+	t.Cleanup(func() {
+		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	ctx := t.Context()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, grouped := range []bool{false, true} {
+		s.group = nil
+		if grouped {
+			s.group = newGrouper(pool)
+		}
+		id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: fmt.Sprint("k-", grouped)}
+		p := &idemstore.ReserveParams{Identity: id, Fingerprint: fp1, Token: "t1", Lease: lease, TTL: ttl}
+		if res, err := s.KeyReserve(ctx, p); err != nil || !res.Reserved {
+			t.Fatalf("KeyReserve: %v", err)
+		}
+		if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "t1", Response: sampleResponse()}); err != nil {
+			t.Fatalf("KeyComplete: %v", err)
+		}
+		p.Token = "t2"
+		if res, err := s.KeyReserve(ctx, p); err != nil || res.Reserved || res.Record.State != idemstore.StateCompleted {
+			t.Fatalf("replay: %v", err)
+		}
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("grouped %v: %d prepared statements in the session, want 0", grouped, n)
 		}
 	}
 }
