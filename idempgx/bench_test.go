@@ -1,11 +1,14 @@
 package idempgx
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem/idemstore"
 )
@@ -83,10 +86,25 @@ func BenchmarkReplay(b *testing.B) {
 // rawReserve runs the reserve statement and scans its row without building
 // a record.
 func rawReserve(ctx context.Context, s *Store, id idemstore.Identity, token string, now time.Time) (bool, error) {
-	c := &groupCall{id: id, sql: s.q.reserve, find: s.q.find, args: []any{id.Scope, id.Endpoint, id.Key, fp1, token,
-		now, now.Add(lease), now.Add(ttl), "unknown", ttl}}
-	err := c.alone(ctx, s.pool)
-	return c.inserted, err
+	args := []any{id.Scope, id.Endpoint, id.Key, fp1, token, now, now.Add(lease), now.Add(ttl), "unknown", ttl}
+	b := &pgx.Batch{}
+	b.Queue(s.q.reserve, args...)
+	b.Queue(s.q.find, args[:3]...)
+	br := s.pool.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	inserted := err == nil && tag.RowsAffected() == 1
+	switch {
+	case inserted: // the record is the one inserted: not decoded
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			rows.Close()
+			err = rows.Err()
+		}
+	case err == nil:
+		var rs recordScan
+		err = br.QueryRow().Scan(rs.dest()...)
+	}
+	return inserted, cmp.Or(err, br.Close())
 }
 
 // BenchmarkRawReserveComplete is BenchmarkReserveComplete's statements in a

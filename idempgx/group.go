@@ -42,6 +42,7 @@ const maxGroup = 16
 // never wait for each other's locks in opposite orders.
 type grouper struct {
 	pool    *pgxpool.Pool
+	sender  *sender
 	flights int
 
 	mu     sync.Mutex
@@ -81,40 +82,14 @@ func (c *groupCall) queue(b *pgx.Batch) {
 	}
 }
 
-// read reads c's results from br. A reservation's record is not decoded
-// when its insert wrote one: the caller built it.
-func (c *groupCall) read(br pgx.BatchResults) error {
-	if c.find == "" {
-		return br.QueryRow().Scan(c.dest...)
-	}
-	tag, err := br.Exec()
-	c.inserted = err == nil && tag.RowsAffected() == 1
-	if err != nil || c.inserted {
-		rows, ferr := br.Query()
-		if ferr == nil {
-			rows.Close()
-			ferr = rows.Err()
-		}
-		return cmp.Or(err, ferr)
-	}
-	c.found = new(recordScan)
-	return br.QueryRow().Scan(c.found.dest()...)
-}
-
 // alone runs c's statements by themselves on pool.
-func (c *groupCall) alone(ctx context.Context, pool *pgxpool.Pool) error {
-	if c.find == "" {
-		return pool.QueryRow(ctx, c.sql, c.args...).Scan(c.dest...)
-	}
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
-	c.queue(b)
-	br := pool.SendBatch(ctx, b)
-	err := c.read(br)
-	return cmp.Or(err, br.Close())
+func (c *groupCall) alone(ctx context.Context, sn *sender) error {
+	sn.exec(ctx, []*groupCall{c})
+	return c.err
 }
 
 func newGrouper(pool *pgxpool.Pool) *grouper {
-	return &grouper{pool: pool, flights: max(1, int(pool.Config().MaxConns)/4)}
+	return &grouper{pool: pool, sender: newSender(pool), flights: max(1, int(pool.Config().MaxConns)/4)}
 }
 
 // queryRow runs sql, which returns one row, with args, and scans the row
@@ -202,7 +177,7 @@ func (g *grouper) handOff() {
 
 // alone runs c's statements by themselves.
 func (g *grouper) alone(ctx context.Context, c *groupCall) error {
-	return c.alone(ctx, g.pool)
+	return c.alone(ctx, g.sender)
 }
 
 // send runs group and sets every call's err. A group of one is a plain
@@ -236,24 +211,9 @@ func (g *grouper) send(ctx context.Context, group []*groupCall) {
 			strings.Compare(a.id.Endpoint, b.id.Endpoint), strings.Compare(a.id.Key, b.id.Key))
 	})
 	g.grouped.Add(int64(len(group)))
-	b := &pgx.Batch{}
-	for _, c := range group {
-		c.queue(b)
-	}
-	br := g.pool.SendBatch(gctx, b)
-	var refused bool
-	for _, c := range group {
-		c.err = c.read(br)
-		refused = refused || isPgError(c.err)
-	}
-	err := br.Close()
-	refused = refused || isPgError(err)
-	for _, c := range group {
-		switch {
-		case refused:
+	if err := g.sender.exec(gctx, group); isPgError(err) {
+		for _, c := range group {
 			c.err = errGroupRolledBack
-		case err != nil:
-			c.err = err
 		}
 	}
 }

@@ -123,6 +123,7 @@ type Store struct {
 	parts   partitionSet // read by KeyReap, see keyReap
 	sweep   sweepMark    // where KeySweep starts
 	group   *grouper     // nil unless Config.GroupCommit
+	send    *sender      // the reservation's and fenced statements, without GroupCommit
 }
 
 var (
@@ -136,7 +137,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Store {
 	c := cfg.withDefaults()
 	schema := pgx.Identifier{c.Schema}.Sanitize()
 	channel := notifyChannel(c.Schema)
-	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel)}
+	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel), send: newSender(pool)}
 	s.notify = newNotifier(s)
 	if c.GroupCommit {
 		s.group = newGrouper(pool)
@@ -198,7 +199,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			if s.group != nil {
 				err = s.group.run(ctx, c)
 			} else {
-				err = c.alone(ctx, s.pool)
+				err = c.alone(ctx, s.send)
 			}
 			reserved, rs = c.inserted, c.found
 		} else {
@@ -371,9 +372,12 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sql string, args ...any) error {
 	var changed, notified int64
 	var err error
-	if s.group != nil && q == querier(s.pool) {
+	switch {
+	case s.group != nil && q == querier(s.pool):
 		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
-	} else {
+	case q == querier(s.pool):
+		err = (&groupCall{id: id, sql: sql, args: args, dest: []any{&changed, &notified}}).alone(ctx, s.send)
+	default:
 		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
