@@ -338,13 +338,20 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 }
 
 // setReadDeadline is http.ResponseController's SetReadDeadline without its
-// allocation when w is net/http's own writer (or another that has the
-// method); a wrapper is unwrapped by a ResponseController as usual.
+// allocations: it unwraps w as a ResponseController does, and a writer
+// without the method (httptest's recorder, a wrapper without Unwrap)
+// answers http.ErrNotSupported itself, not wrapped in a new error.
 func setReadDeadline(w http.ResponseWriter, t time.Time) error {
-	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
-		return d.SetReadDeadline(t)
+	for {
+		switch x := w.(type) {
+		case interface{ SetReadDeadline(time.Time) error }:
+			return x.SetReadDeadline(t)
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return http.ErrNotSupported
+		}
 	}
-	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
