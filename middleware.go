@@ -238,19 +238,20 @@ func (m *middleware) answerInProgress(w http.ResponseWriter, retry int) {
 func (m *middleware) replay(w http.ResponseWriter, rec *idemstore.Record) {
 	// The stored header may be shared with the store (see
 	// idemstore.ReserveResult), and the writer's header is anybody's to
-	// change: copy the values.
-	n := 1
-	for _, vs := range rec.Response.Header {
-		n += len(vs)
-	}
-	values := make([]string, n) // one slice for all of them
+	// change: copy the values, into one array sized for one value a name
+	// (the usual) in one pass over the map. A name with more values may
+	// move the rest to a larger array: the names given a part of the
+	// first keep it, a copy all the same.
+	values := make([]string, 1, 1+len(rec.Response.Header))
+	values[0] = "true"
+	replayed := values[:1:1]
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
-		n = copy(values, vs)
-		h[name], values = values[:n:n], values[n:]
+		n := len(values)
+		values = append(values, vs...)
+		h[name] = values[n:len(values):len(values)]
 	}
-	values[0] = "true"
-	h[HeaderReplayed] = values // net/http adds Content-Length
+	h[HeaderReplayed] = replayed // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
 }
