@@ -3,11 +3,13 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -299,6 +301,7 @@ var unrouted = MetricsPathPrefix(0)
 // /v1/reset/*" and POST /v1/payments stays "POST /v1/payments". Choose
 // segments so that no kept segment carries an identifier or a secret.
 func MetricsPathPrefix(segments int) func(r *http.Request) string {
+	labels := &labelSlots{seed: maphash.MakeSeed()}
 	return func(r *http.Request) string {
 		p := r.URL.EscapedPath()
 		if p == "" {
@@ -308,15 +311,43 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 		for n := 0; n < segments; n++ {
 			i := strings.IndexByte(p[end+1:], '/')
 			if i < 0 {
-				return r.Method + " " + p
+				return labels.label(r.Method, p, "")
 			}
 			end += 1 + i
 		}
 		if end+1 >= len(p) {
-			return r.Method + " " + p
+			return labels.label(r.Method, p, "")
 		}
-		return r.Method + " " + p[:end] + "/*"
+		return labels.label(r.Method, p[:end], "/*")
 	}
+}
+
+// labelSlots keeps the labels MetricsPathPrefix made, so that a request
+// finds its label instead of building it: a hash of the kept path picks a
+// slot, which the first label made into it keeps (labels are few, by the
+// choice of segments; a label whose slot another holds is built each time,
+// as without the slots).
+type labelSlots struct {
+	seed  maphash.Seed
+	slots [64]atomic.Pointer[pathLabel]
+}
+
+// pathLabel is method + " " + path + suffix; path is a part of label, not
+// of a request.
+type pathLabel struct{ method, path, suffix, label string }
+
+// label returns method + " " + path + suffix.
+func (ls *labelSlots) label(method, path, suffix string) string {
+	slot := &ls.slots[(maphash.String(ls.seed, path)+uint64(len(method)))%uint64(len(ls.slots))]
+	if e := slot.Load(); e != nil && e.path == path && e.method == method && e.suffix == suffix {
+		return e.label
+	}
+	label := method + " " + path + suffix
+	if slot.Load() == nil {
+		start := len(method) + 1
+		slot.CompareAndSwap(nil, &pathLabel{method: label[:len(method)], path: label[start : start+len(path)], suffix: suffix, label: label})
+	}
+	return label
 }
 
 // readBody reads the request body within Config.BodyTimeout: a read
