@@ -3,11 +3,13 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem/idemstore"
@@ -238,19 +240,20 @@ func (m *middleware) answerInProgress(w http.ResponseWriter, retry int) {
 func (m *middleware) replay(w http.ResponseWriter, rec *idemstore.Record) {
 	// The stored header may be shared with the store (see
 	// idemstore.ReserveResult), and the writer's header is anybody's to
-	// change: copy the values.
-	n := 1
-	for _, vs := range rec.Response.Header {
-		n += len(vs)
-	}
-	values := make([]string, n) // one slice for all of them
+	// change: copy the values, into one array sized for one value a name
+	// (the usual) in one pass over the map. A name with more values may
+	// move the rest to a larger array: the names given a part of the
+	// first keep it, a copy all the same.
+	values := make([]string, 1, 1+len(rec.Response.Header))
+	values[0] = "true"
+	replayed := values[:1:1]
 	h := w.Header()
 	for name, vs := range rec.Response.Header {
-		n = copy(values, vs)
-		h[name], values = values[:n:n], values[n:]
+		n := len(values)
+		values = append(values, vs...)
+		h[name] = values[n:len(values):len(values)]
 	}
-	values[0] = "true"
-	h[HeaderReplayed] = values // net/http adds Content-Length
+	h[HeaderReplayed] = replayed // net/http adds Content-Length
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
 }
@@ -298,6 +301,7 @@ var unrouted = MetricsPathPrefix(0)
 // /v1/reset/*" and POST /v1/payments stays "POST /v1/payments". Choose
 // segments so that no kept segment carries an identifier or a secret.
 func MetricsPathPrefix(segments int) func(r *http.Request) string {
+	labels := &labelSlots{seed: maphash.MakeSeed()}
 	return func(r *http.Request) string {
 		p := r.URL.EscapedPath()
 		if p == "" {
@@ -307,15 +311,43 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 		for n := 0; n < segments; n++ {
 			i := strings.IndexByte(p[end+1:], '/')
 			if i < 0 {
-				return r.Method + " " + p
+				return labels.label(r.Method, p, "")
 			}
 			end += 1 + i
 		}
 		if end+1 >= len(p) {
-			return r.Method + " " + p
+			return labels.label(r.Method, p, "")
 		}
-		return r.Method + " " + p[:end] + "/*"
+		return labels.label(r.Method, p[:end], "/*")
 	}
+}
+
+// labelSlots keeps the labels MetricsPathPrefix made, so that a request
+// finds its label instead of building it: a hash of the kept path picks a
+// slot, which the first label made into it keeps (labels are few, by the
+// choice of segments; a label whose slot another holds is built each time,
+// as without the slots).
+type labelSlots struct {
+	seed  maphash.Seed
+	slots [64]atomic.Pointer[pathLabel]
+}
+
+// pathLabel is method + " " + path + suffix; path is a part of label, not
+// of a request.
+type pathLabel struct{ method, path, suffix, label string }
+
+// label returns method + " " + path + suffix.
+func (ls *labelSlots) label(method, path, suffix string) string {
+	slot := &ls.slots[(maphash.String(ls.seed, path)+uint64(len(method)))%uint64(len(ls.slots))]
+	if e := slot.Load(); e != nil && e.path == path && e.method == method && e.suffix == suffix {
+		return e.label
+	}
+	label := method + " " + path + suffix
+	if slot.Load() == nil {
+		start := len(method) + 1
+		slot.CompareAndSwap(nil, &pathLabel{method: label[:len(method)], path: label[start : start+len(path)], suffix: suffix, label: label})
+	}
+	return label
 }
 
 // readBody reads the request body within Config.BodyTimeout: a read
@@ -338,13 +370,20 @@ func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) (body []by
 }
 
 // setReadDeadline is http.ResponseController's SetReadDeadline without its
-// allocation when w is net/http's own writer (or another that has the
-// method); a wrapper is unwrapped by a ResponseController as usual.
+// allocations: it unwraps w as a ResponseController does, and a writer
+// without the method (httptest's recorder, a wrapper without Unwrap)
+// answers http.ErrNotSupported itself, not wrapped in a new error.
 func setReadDeadline(w http.ResponseWriter, t time.Time) error {
-	if d, ok := w.(interface{ SetReadDeadline(time.Time) error }); ok {
-		return d.SetReadDeadline(t)
+	for {
+		switch x := w.(type) {
+		case interface{ SetReadDeadline(time.Time) error }:
+			return x.SetReadDeadline(t)
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return http.ErrNotSupported
+		}
 	}
-	return http.NewResponseController(w).SetReadDeadline(t)
 }
 
 func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {

@@ -3,6 +3,7 @@ package idemprom
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,13 @@ type Metrics struct {
 	// slow path would find. Each holds at most maxCachedSeries entries;
 	// beyond, calls take the slow path.
 	decisionSeries, storeCallSeries, storedSeries seriesCache
+	// decisionSlots front decisionSeries: a key's hash picks one slot,
+	// filled once by the first key resolved into it (see Decision), so a
+	// request finds its series with a string hash and a comparison instead
+	// of sync.Map's hashing and comparing of the key through an interface.
+	// Two keys on one slot: the later one takes the sync.Map as before.
+	decisionSlots [decisionSlotCount]atomic.Pointer[decisionSlot]
+	seed          maphash.Seed
 	// okCalls are the series of the successful store calls of the
 	// middleware's operations (okOps), resolved on first use: every
 	// request makes one or two, found here without hashing a key.
@@ -163,6 +171,23 @@ type decisionKey struct {
 	d               idem.Decision
 }
 
+// decisionSlotCount is the number of Metrics.decisionSlots.
+const decisionSlotCount = 256
+
+type decisionSlot struct {
+	k decisionKey
+	s *decisionSeries
+}
+
+// slot returns the decisionSlots entry of k.
+func (m *Metrics) slot(k decisionKey) *atomic.Pointer[decisionSlot] {
+	h := maphash.String(m.seed, k.endpoint) ^ maphash.String(m.seed, string(k.d))*31
+	if k.scope != "" {
+		h ^= maphash.String(m.seed, k.scope) * 961
+	}
+	return &m.decisionSlots[h%decisionSlotCount]
+}
+
 type decisionSeries struct {
 	count prometheus.Counter
 	total *atomic.Uint64 // in totals
@@ -183,6 +208,7 @@ func New(reg prometheus.Registerer, cfg *Config) *Metrics {
 		reg = prometheus.DefaultRegisterer
 	}
 	m := &Metrics{
+		seed:           maphash.MakeSeed(),
 		cfg:            c,
 		endpoints:      newLabelLimiter(c.MaxLabelValues),
 		tenants:        newLabelLimiter(c.MaxLabelValues),
@@ -232,11 +258,22 @@ func (m *Metrics) Decision(endpoint, scope string, d idem.Decision) {
 		scope = "" // not a label: one series for every scope
 	}
 	k := decisionKey{endpoint, scope, d}
+	slot := m.slot(k)
+	if e := slot.Load(); e != nil && e.k == k {
+		e.s.count.Inc()
+		e.s.total.Add(1)
+		return
+	}
 	s, ok := m.decisionSeries.m.Load(k)
 	if !ok {
 		s = m.decisionSeries.store(k, m.newDecisionSeries(k))
 	}
 	ds := s.(*decisionSeries)
+	if slot.Load() == nil {
+		// The series the sync.Map gave, cached or not, is the one every
+		// later call with k resolves to (see decisionSeries).
+		slot.CompareAndSwap(nil, &decisionSlot{k: k, s: ds})
+	}
 	ds.count.Inc()
 	ds.total.Add(1)
 }

@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -31,11 +32,19 @@ type Ctx struct {
 	gen      uint64    // counts arms, so a late expiry cannot hit a later call
 	armed    bool      // between arm and disarm
 	watched  bool      // its alarm is set for this arm
-	alarm    Alarm
-	done     chan struct{}
-	err      error
-	funcs    []*afterFunc  // usually one: a network store's watcher
-	funcs1   [1]*afterFunc // funcs' first backing array
+	// running counts the AfterFunc callbacks of an expiry still running:
+	// one cancels a derived context and asks Err and Value of the arm that
+	// expired (context.Cause), so the next arm waits for them before it
+	// starts afresh. They run at once and briefly, and an arm finds one
+	// running only when the store call ended on the expiry before they
+	// did, so it yields to them rather than keeping a channel in every
+	// Ctx.
+	running int32
+	alarm   Alarm
+	done    chan struct{}
+	err     error
+	funcs   []*afterFunc  // usually one: a network store's watcher
+	funcs1  [1]*afterFunc // funcs' first backing array
 }
 
 type afterFunc struct {
@@ -48,6 +57,11 @@ type afterFunc struct {
 func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for c.running > 0 {
+		c.mu.Unlock()
+		runtime.Gosched()
+		c.mu.Lock()
+	}
 	c.Context = values
 	if c.watched { // armed again without disarm
 		c.alarms.Cancel(&c.alarm)
@@ -103,7 +117,7 @@ func (c *Ctx) Alarmed(gen uint64) {
 	funcs := c.expireLocked(context.DeadlineExceeded)
 	c.mu.Unlock()
 	for _, af := range funcs {
-		go af.f()
+		go c.run(af.f)
 	}
 }
 
@@ -116,7 +130,25 @@ func (c *Ctx) expireLocked(err error) []*afterFunc {
 	}
 	funcs := c.funcs
 	c.funcs = nil
+	c.running += int32(len(funcs))
 	return funcs
+}
+
+// run runs an AfterFunc callback of an expiry, counted in running.
+func (c *Ctx) run(f func()) {
+	f()
+	c.mu.Lock()
+	c.running--
+	c.mu.Unlock()
+}
+
+// Value implements context.Context with the values of the current arm,
+// read under the lock: Arm replaces them.
+func (c *Ctx) Value(key any) any {
+	c.mu.Lock()
+	values := c.Context
+	c.mu.Unlock()
+	return values.Value(key)
 }
 
 // Cancel ends the current arm at once with context.Canceled, as its expiry
@@ -131,7 +163,7 @@ func (c *Ctx) Cancel() {
 	funcs := c.expireLocked(context.Canceled)
 	c.mu.Unlock()
 	for _, af := range funcs {
-		go af.f()
+		go c.run(af.f)
 	}
 }
 
@@ -165,7 +197,7 @@ func (c *Ctx) Err() error {
 		funcs := c.expireLocked(context.DeadlineExceeded)
 		c.mu.Unlock()
 		for _, af := range funcs {
-			go af.f()
+			go c.run(af.f)
 		}
 		return context.DeadlineExceeded
 	}
@@ -180,7 +212,8 @@ func (c *Ctx) AfterFunc(f func()) (stop func() bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
-		go f()
+		c.running++
+		go c.run(f)
 		return func() bool { return false }
 	}
 	af := &afterFunc{f: f, c: c}

@@ -238,3 +238,26 @@ func requireEmpty(t *testing.T, alarms *Alarms) {
 		t.Errorf("an alarm due %v is still listed", a.due)
 	})
 }
+
+// TestCtxValueWhileRearmed: a derived context's cancellation, run by the
+// expiry in a goroutine of its own, asks the Ctx for values (context.Cause)
+// while the next store call arms it again with its values: run with -race.
+func TestCtxValueWhileRearmed(t *testing.T) {
+	t.Parallel()
+	clock := newClock()
+	alarms := NewAlarms(clock)
+	values := context.WithValue(context.Background(), ctxKey{}, "v")
+	var c Ctx
+	for range 50 {
+		ctx := c.Arm(alarms, values, time.Second)
+		child, stop := context.WithCancel(ctx)
+		clock.Advance(time.Second)
+		c.Arm(alarms, values, time.Second) // the completion's arm
+		within(t, child.Done(), "the derived context was not cancelled")
+		if got := context.Cause(child); !errors.Is(got, context.DeadlineExceeded) {
+			t.Fatalf("cause %v, want the deadline", got)
+		}
+		stop()
+		c.Disarm()
+	}
+}

@@ -54,7 +54,7 @@ func serveWith(ctx context.Context, e *env, ln net.Listener, h http.Handler, bod
 		e.listening(ln.Addr())
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(lazyListener{ln}) }()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serving: %w", err)
