@@ -55,28 +55,11 @@ func (r *batchRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatch
 // outcome, although the store sends them through pgconn.
 func TestTracerSeesStatements(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := &batchRecorder{}
-	cfg.ConnConfig.Tracer = rec
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := newSchemaName()
-	s := New(pool, &Config{Schema: schema})
-	t.Cleanup(func() {
-		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
+	s, pool := ownPoolStore(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = rec
+		cfg.MaxConns = 4
 	})
-	if _, err := s.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	for _, grouped := range []bool{false, true} {
 		s.group = nil
 		if grouped {
@@ -122,27 +105,10 @@ func TestTracerSeesStatements(t *testing.T) {
 // works.
 func TestStatementsPreparedAgainAfterTableChange(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // one connection: the one that prepared them
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := newSchemaName()
-	s := New(pool, &Config{Schema: schema})
-	t.Cleanup(func() {
-		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
+	s, pool := ownPoolStore(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1 // one connection: the one that prepared them
 	})
 	ctx := t.Context()
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	p := &idemstore.ReserveParams{Identity: testID, Fingerprint: fp1, Token: "t1", Lease: lease, TTL: ttl}
 	if res, err := s.KeyReserve(ctx, p); err != nil || !res.Reserved {
 		t.Fatalf("KeyReserve: %v", err)
@@ -246,28 +212,11 @@ func TestEncodeAsPgx(t *testing.T) {
 // pooler in transaction mode) the store prepares none, grouped or not.
 func TestNoPreparedStatementsInOtherModes(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	cfg.MaxConns = 1 // one session, whose prepared statements are counted
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	schema := newSchemaName()
-	s := New(pool, &Config{Schema: schema})
-	t.Cleanup(func() {
-		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
+	s, pool := ownPoolStore(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		cfg.MaxConns = 1 // one session, whose prepared statements are counted
 	})
 	ctx := t.Context()
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	for _, grouped := range []bool{false, true} {
 		s.group = nil
 		if grouped {
@@ -293,4 +242,31 @@ func TestNoPreparedStatementsInOtherModes(t *testing.T) {
 			t.Errorf("grouped %v: %d prepared statements in the session, want 0", grouped, n)
 		}
 	}
+}
+
+// ownPoolStore returns a migrated store in a schema of its own on a pool of
+// its own, configured by set, and the pool; both go with the test.
+func ownPoolStore(t *testing.T, set func(*pgxpool.Config)) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(cfg)
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema := newSchemaName()
+	s := New(pool, &Config{Schema: schema})
+	t.Cleanup(func() {
+		if _, err := testPool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
 }
