@@ -29,7 +29,7 @@ func TestStoreGroupCommit(t *testing.T) {
 	t.Parallel()
 	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
 		s := newTestStore(t, clock.Now)
-		s.group = newGrouper(s.pool)
+		s.group = newGrouper(s.send)
 		s.group.flights = 1
 		return s
 	})

@@ -56,14 +56,14 @@ func (r *batchRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatch
 func TestTracerSeesStatements(t *testing.T) {
 	t.Parallel()
 	rec := &batchRecorder{}
-	s, pool := ownPoolStore(t, func(cfg *pgxpool.Config) {
+	s, _ := ownPoolStore(t, func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.Tracer = rec
 		cfg.MaxConns = 4
 	})
 	for _, grouped := range []bool{false, true} {
 		s.group = nil
 		if grouped {
-			s.group = newGrouper(pool)
+			s.group = newGrouper(s.send)
 		}
 		rec.mu.Lock()
 		rec.sqls, rec.errs = nil, nil
@@ -220,7 +220,7 @@ func TestNoPreparedStatementsInOtherModes(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		s.group = nil
 		if grouped {
-			s.group = newGrouper(pool)
+			s.group = newGrouper(s.send)
 		}
 		id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: fmt.Sprint("k-", grouped)}
 		p := &idemstore.ReserveParams{Identity: id, Fingerprint: fp1, Token: "t1", Lease: lease, TTL: ttl}

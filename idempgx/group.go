@@ -88,8 +88,9 @@ func (c *groupCall) alone(ctx context.Context, sn *sender) error {
 	return c.err
 }
 
-func newGrouper(pool *pgxpool.Pool) *grouper {
-	return &grouper{pool: pool, sender: newSender(pool), flights: max(1, int(pool.Config().MaxConns)/4)}
+// newGrouper returns a grouper that sends its groups with sn, on sn's pool.
+func newGrouper(sn *sender) *grouper {
+	return &grouper{pool: sn.pool, sender: sn, flights: max(1, int(sn.pool.Config().MaxConns)/4)}
 }
 
 // queryRow runs sql, which returns one row, with args, and scans the row

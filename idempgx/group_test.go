@@ -66,7 +66,7 @@ func TestGroupCommitRolledBackGroupRunsAlone(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, "CREATE TABLE "+table+" (n integer PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
 	}
-	g := newGrouper(s.pool)
+	g := newGrouper(s.send)
 	g.flights = 1
 	const n = 6
 	var calls []func(context.Context) error
@@ -104,7 +104,7 @@ func TestGroupCommitRolledBackGroupRunsAlone(t *testing.T) {
 func TestGroupCommitNoRows(t *testing.T) {
 	t.Parallel()
 	s := newTestStore(t, nil)
-	g := newGrouper(s.pool)
+	g := newGrouper(s.send)
 	g.flights = 1
 	var calls []func(context.Context) error
 	for i := range 4 {
@@ -126,7 +126,7 @@ func TestGroupCommitNoRows(t *testing.T) {
 func TestGroupCommitReserveComplete(t *testing.T) {
 	t.Parallel()
 	s := newTestStore(t, nil)
-	s.group = newGrouper(s.pool)
+	s.group = newGrouper(s.send)
 	s.group.flights = 1
 	ctx := t.Context()
 	resp := sampleResponse()
@@ -167,7 +167,7 @@ func TestGroupCommitReserveComplete(t *testing.T) {
 func TestGroupCommitCanceledWhileQueued(t *testing.T) {
 	t.Parallel()
 	s := newTestStore(t, nil)
-	g := newGrouper(s.pool)
+	g := newGrouper(s.send)
 	g.flights = 1
 	ctx := t.Context()
 	var wg sync.WaitGroup

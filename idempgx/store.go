@@ -123,7 +123,7 @@ type Store struct {
 	parts   partitionSet // read by KeyReap, see keyReap
 	sweep   sweepMark    // where KeySweep starts
 	group   *grouper     // nil unless Config.GroupCommit
-	send    *sender      // the reservation's and fenced statements, without GroupCommit
+	send    *sender      // sends the reservation's and fenced statements (through group, if set)
 }
 
 var (
@@ -140,7 +140,7 @@ func New(pool *pgxpool.Pool, cfg *Config) *Store {
 	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel), send: newSender(pool)}
 	s.notify = newNotifier(s)
 	if c.GroupCommit {
-		s.group = newGrouper(pool)
+		s.group = newGrouper(s.send)
 	}
 	return s
 }
