@@ -20,6 +20,15 @@
 # it opens a new upstream connection for most requests), the untuned reverse
 # proxy issue 16's first figures were measured against; the "vs default
 # bare" column is the throughput relative to it (BASELINES="bare" drops it).
+# BASELINES may also name "static": cmd/idem/internal/loadgen/static, a
+# net/http server that drains the request and answers with the constant
+# bytes of a replay (no proxy, no store, no upstream): the ceiling of any
+# answer a Go proxy gives without forwarding, a replay's.
+#
+# Every run also takes the client's CPU per request (wrk's user + system
+# time, from bash's time): on this machine wrk shares the cores with the
+# proxy, so a throughput ratio between two proxies is the ratio of
+# client + proxy (+ store) CPU, not of the proxies' alone.
 #
 # Per shape and target it prints the throughput relative to the bare proxy
 # (the median of the rounds' ratios, and every round's), the median p50 and
@@ -48,6 +57,9 @@
 # its primary key, each its own commit, on a table of idem's columns with
 # only the primary key; the PostgreSQL backends' CPU per pair, found by
 # application_name as for the proxies, is compared with idem's per new key.
+# In the same rounds it runs the same two statements on idem's own table
+# (a schema migrated by `idem migrate up`: its indexes for the sweeper,
+# reaper and reconciler, and its checks), "the floor on idem's table".
 #
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
@@ -105,7 +117,7 @@ cleanup() {
 	wait 2>/dev/null || true
 	if [[ " $STORES $PEER_STORES " == *" postgres"* ]]; then
 		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_peer CASCADE" \
-			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" >/dev/null 2>&1 || true
+			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_table CASCADE" >/dev/null 2>&1 || true
 	fi
 	if [[ " $STORES $PEER_STORES " == *" redis "* ]]; then
 		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
@@ -118,6 +130,7 @@ log "building into $work"
 go build -o "$work/idem" ./cmd/idem
 go build -o "$work/upstream" ./cmd/idem/internal/loadgen/upstream
 go build -o "$work/bareproxy" ./cmd/idem/internal/loadgen/bareproxy
+go build -o "$work/static" ./cmd/idem/internal/loadgen/static
 
 # with_param URL NAME=VALUE appends a query parameter.
 with_param() { if [[ $1 == *\?* ]]; then echo "$1&$2"; else echo "$1?$2"; fi; }
@@ -157,6 +170,12 @@ if [[ " $BASELINES " == *" bare-default "* ]]; then
 	start bare-default "$((PORT + n))" "$work/bareproxy" --listen "127.0.0.1:$((PORT + n))" \
 		--upstream "$upstream" --transport default
 	targets+=(bare-default)
+	n=$((n + 1))
+fi
+if [[ " $BASELINES " == *" static "* ]]; then
+	port_of[static]=$((PORT + n))
+	start static "$((PORT + n))" "$work/static" --listen "127.0.0.1:$((PORT + n))"
+	targets+=(static)
 	n=$((n + 1))
 fi
 for store in $STORES; do
@@ -247,7 +266,7 @@ store_pids() {
 	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
 	postgres-async) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_async'" ;;
 	redis | peer-redis) echo "$redis_pid" ;;
-	floor) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_floor'" ;;
+	floor | table) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_$1'" ;;
 	peer-postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_peer'" ;;
 	esac
 }
@@ -277,7 +296,7 @@ hz=$(getconf CLK_TCK)
 results=$work/results
 
 # measure SHAPE TARGET ROUND: one wrk run; appends "shape target round rps
-# p50 p99 proxy_us store_us errors non2xx" to $results.
+# p50 p99 proxy_us store_us errors non2xx client_us" to $results.
 measure() {
 	local shape=$1 target=$2 round=$3
 	local url="http://127.0.0.1:${port_of[$target]}/v1/payments"
@@ -296,17 +315,22 @@ measure() {
 		sample_store "$target" "$samples" &
 		sampler=$!
 	fi
-	out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape")
+	local TIMEFORMAT='%U %S' client
+	# wrk's user and system seconds go to $work/client (bash's time).
+	{ time wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape" \
+		>"$work/wrk.out"; } 2>"$work/client"
+	out=$(cat "$work/wrk.out")
+	client=$(awk '{ print $1 + $2 }' "$work/client")
 	[ -z "$sampler" ] || { kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; }
 	sp=$(store_pids "$target")
 	# shellcheck disable=SC2086
 	p1=$(ticks "$pp") s1=$(cat "$samples"; ticks $sp)
 	echo "$out" | awk -v shape="$shape" -v target="$target" -v round="$round" -v hz="$hz" \
-		-v pt="$(cpu_delta "$p0" "$p1")" -v st="$(cpu_delta "$s0" "$s1")" -v store="$sp" '
+		-v pt="$(cpu_delta "$p0" "$p1")" -v st="$(cpu_delta "$s0" "$s1")" -v store="$sp" -v client="$client" '
 		$1 == "RESULT" {
 			us = 1e6 / hz / $2
-			printf "%s %s %s %.0f %d %d %.1f %s %d %d\n", shape, target, round, $2 / ($3 / 1e6), $4, $5,
-				pt * us, store == "" ? "-" : sprintf("%.1f", st * us), $6, $7
+			printf "%s %s %s %.0f %d %d %.1f %s %d %d %.1f\n", shape, target, round, $2 / ($3 / 1e6), $4, $5,
+				pt * us, store == "" ? "-" : sprintf("%.1f", st * us), $6, $7, client * 1e6 / $2
 		}' | tee -a "$results" >&2
 }
 
@@ -316,7 +340,7 @@ for target in "${targets[@]}"; do
 		"http://127.0.0.1:${port_of[$target]}/v1/payments" -- "$TAG-warm-$target" new >/dev/null
 done
 
-log "$ROUNDS rounds of $DURATION per target and shape; per run: shape target round req/s p50_us p99_us proxy_cpu_us store_cpu_us errors non2xx"
+log "$ROUNDS rounds of $DURATION per target and shape; per run: shape target round req/s p50_us p99_us proxy_cpu_us store_cpu_us errors non2xx client_cpu_us"
 # The floor's table and pgbench script (PG_FLOOR).
 floors=$work/floors
 if [ -n "$PG_FLOOR" ] && [[ " $STORES " == *" postgres "* ]]; then
@@ -330,40 +354,48 @@ if [ -n "$PG_FLOOR" ] && [[ " $STORES " == *" postgres "* ]]; then
 		waiters boolean NOT NULL DEFAULT false, ttl interval, reconcile_after timestamptz,
 		reconcile_attempts integer NOT NULL DEFAULT 0, reconcile_error text NOT NULL DEFAULT '',
 		PRIMARY KEY (scope, endpoint, key))" >/dev/null
-	cat >"$work/floor.sql" <<SQL
+	# plain TABLE: the floor's two statements on TABLE.
+	plain() {
+		cat <<SQL
 \\set k random(1, 9000000000000000)
-INSERT INTO ${TAG}_floor.keys (scope, endpoint, key, fingerprint, state, token, locked_until, started_at,
+INSERT INTO $1 (scope, endpoint, key, fingerprint, state, token, locked_until, started_at,
 	lease_expired_state, attempts, created_at, updated_at, expires_at, ttl)
 	VALUES ('', 'POST /v1/payments', 'k-' || :k, '9f2c4e7b1a3d5f6e8c0b2a4d6f8e1c3b5a7d9f0e2c4b6a8d1f3e5c7b9a0d2f4e', 'in_progress',
 	'5f0c2a7e9b1d3f6a8c4e0b2d7f9a1c3e', now() + interval '30 seconds', now(), 'unknown', 1, now(), now(),
 	now() + interval '24 hours', interval '24 hours');
-UPDATE ${TAG}_floor.keys SET state = 'completed', response_status = 201,
+UPDATE $1 SET state = 'completed', response_status = 201,
 	response_header = '{"Content-Type": ["application/json"]}',
 	response_body = '{"method":"POST","path":"/v1/payments","body":{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}}'::bytea,
 	updated_at = now()
 	WHERE scope = '' AND endpoint = 'POST /v1/payments' AND key = 'k-' || :k;
 SQL
+	}
+	plain "${TAG}_floor.keys" >"$work/floor.sql"
+	# The same statements on idem's own table, migrated as idem migrates it.
+	"$work/idem" migrate up --store "$(with_param "$PG_URL" "schema=${TAG}_table")" >/dev/null 2>&1
+	plain "${TAG}_table.idem_keys" >"$work/table.sql"
 fi
 
-# floor ROUND: one pgbench run of the floor; appends "round pairs/s
-# cpu_us_per_pair" to $floors.
+# floor ROUND VARIANT: one pgbench run of $work/VARIANT.sql (floor: the
+# table with only a primary key; table: idem's table); appends "round
+# pairs/s cpu_us_per_pair variant" to $floors.
 floor() {
-	local s0 s1 out pairs
+	local s0 s1 out pairs v=$2
 	# shellcheck disable=SC2046
-	s0=$(ticks $(store_pids floor))
-	PGAPPNAME=${TAG}_floor pgbench -n -M prepared -c "$CONNECTIONS" -j "$THREADS" -T "${DURATION%s}" \
-		-f "$work/floor.sql" "$PG_URL" >"$work/floor.out" 2>&1 &
+	s0=$(ticks $(store_pids "$v"))
+	PGAPPNAME=${TAG}_$v pgbench -n -M prepared -c "$CONNECTIONS" -j "$THREADS" -T "${DURATION%s}" \
+		-f "$work/$v.sql" "$PG_URL" >"$work/floor.out" 2>&1 &
 	local bench=$! samples=$work/samples
 	: >"$samples"
-	sample_store floor "$samples" &
+	sample_store "$v" "$samples" &
 	local sampler=$!
 	wait "$bench" || true
 	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	s1=$(cat "$samples")
 	pairs=$(awk -F': ' '/^number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$work/floor.out")
-	awk -v r="$1" -v pairs="$pairs" -v st="$(cpu_delta "$s0" "$s1")" -v hz="$hz" \
-		'/^tps = / { printf "%s %.0f %.1f\n", r, $3, st * 1e6 / hz / pairs }' "$work/floor.out" | tee -a "$floors" >&2
+	awk -v r="$1" -v v="$v" -v pairs="$pairs" -v st="$(cpu_delta "$s0" "$s1")" -v hz="$hz" \
+		'/^tps = / { printf "%s %.0f %.1f %s\n", r, $3, st * 1e6 / hz / pairs, v }' "$work/floor.out" | tee -a "$floors" >&2
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -372,7 +404,8 @@ for round in $(seq 1 "$ROUNDS"); do
 			measure "$shape" "$target" "$round"
 		done
 		if [ "$shape" = new ] && [ -s "$work/floor.sql" ]; then
-			floor "$round"
+			floor "$round" floor
+			floor "$round" table
 		fi
 	done
 done
@@ -380,8 +413,8 @@ done
 echo "idem proxy against a bare reverse proxy: commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+dirty'), $(date -u +%Y-%m-%d)"
 echo "wrk -t $THREADS -c $CONNECTIONS, $ROUNDS rounds of $DURATION, SQLite synchronous=$SQLITE_SYNC, load average $(cut -d ' ' -f 1-3 /proc/loadavg) at the end"
 echo
-echo "| shape | target | vs bare (median) | rounds | req/s | p50 | p99 | proxy CPU/req | vs bare's | store CPU/req (vs bare proxy's) | errors, non-2xx |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| shape | target | vs bare (median) | rounds | req/s | p50 | p99 | proxy CPU/req | vs bare's | store CPU/req (vs bare proxy's) | client CPU/req | errors, non-2xx |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 awk '
 function median(a, n,   i, j, t) {
 	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
@@ -393,7 +426,7 @@ function ms(us) { return sprintf("%.2f ms", us / 1000) }
 	if (!(k in seen)) { seen[k] = 1; order[++n] = k }
 	r = ++count[k]
 	rps[k, r] = $4; p50[k, r] = $5; p99[k, r] = $6; pcpu[k, r] = $7; scpu[k, r] = $8
-	bad[k] += $9; non2xx[k] += $10; round[k, r] = $3
+	bad[k] += $9; non2xx[k] += $10; round[k, r] = $3; ccpu[k, r] = $11
 	if ($2 == "bare") bare[$1, $3] = $4
 	if ($2 == "bare-default") bared[$1, $3] = $4
 }
@@ -417,12 +450,13 @@ END {
 		if (target == "bare") barecpu[shape] = pc
 		if (target == "bare-default") baredcpu[shape] = pc
 		pcm[k] = pc
+		for (r = 1; r <= c; r++) a[r] = ccpu[k, r]; cc = median(a, c); ccm[k] = cc
 		sc = "–"
 		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); scm[k] = m; sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
-		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : target ~ /^peer-/ ? "peer, " substr(target, 6) : "idem, " target
-		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %d, %d |\n", shape,
+		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : target == "static" ? "static answer, no proxy" : target ~ /^peer-/ ? "peer, " substr(target, 6) : "idem, " target
+		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %.0f µs | %d, %d |\n", shape,
 			name[k], ratio, rounds, thr, ms(l50), ms(l99),
-			pc, pc / barecpu[shape], sc, bad[k], non2xx[k]
+			pc, pc / barecpu[shape], sc, cc, bad[k], non2xx[k]
 	}
 	peers = 0
 	for (i = 1; i <= n; i++) {
@@ -432,8 +466,8 @@ END {
 		if (!(own in count)) continue
 		if (!peers++) {
 			printf "\nidem against the peer on the same store (idem / peer; medians of the per-round ratios; CPU from the medians):\n\n"
-			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req |"
-			print "|---|---|---|---|---|---|"
+			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req | client + proxy + store CPU/req |"
+			print "|---|---|---|---|---|---|---|"
 		}
 		rounds = ""; c = 0
 		for (r = 1; r <= count[k]; r++) for (r2 = 1; r2 <= count[own]; r2++) if (round[own, r2] == round[k, r]) {
@@ -441,7 +475,8 @@ END {
 		}
 		sc = "–"
 		if ((own in scm) && (k in scm) && scm[k] > 0) sc = sprintf("%.2f", scm[own] / scm[k])
-		printf "| %s | %s | %.2f | %s | %.2f | %s |\n", shape, substr(target, 6), median(q, c), rounds, pcm[own] / pcm[k], sc
+		printf "| %s | %s | %.2f | %s | %.2f | %s | %.2f |\n", shape, substr(target, 6), median(q, c), rounds, pcm[own] / pcm[k], sc,
+			(ccm[own] + pcm[own] + scm[own]) / (ccm[k] + pcm[k] + scm[k])
 	}
 	if (length(baredcpu) == 0) exit
 	printf "\nAgainst the bare proxy on http.DefaultTransport (medians of the same rounds):\n\n"
@@ -457,10 +492,13 @@ END {
 
 if [ -s "$floors" ]; then
 	echo
-	echo "The floor under a PostgreSQL new key (pgbench, each statement its own commit) against idem's PostgreSQL CPU per new key:"
+	echo "The floor under a PostgreSQL new key (pgbench, each statement its own commit: a table with only the primary key, and the same statements on idem's table) against idem's PostgreSQL CPU per new key:"
 	echo
-	echo "| round | floor pairs/s | floor PostgreSQL CPU per pair | idem's PostgreSQL CPU per new key | idem / floor |"
-	echo "|---|---|---|---|---|"
+	echo "| round | floor pairs/s | floor PostgreSQL CPU per pair | on idem's table: pairs/s | CPU per pair | idem's PostgreSQL CPU per new key | idem / floor | idem / floor on idem's table |"
+	echo "|---|---|---|---|---|---|---|---|"
 	awk 'NR == FNR { if ($1 == "new" && $2 == "postgres") idem[$3] = $8; next }
-		{ printf "| %s | %s | %.0f µs | %.0f µs | %.2f |\n", $1, $2, $3, idem[$1], idem[$1] / $3 }' "$results" "$floors"
+		{ rate[$1, $4] = $2; cpu[$1, $4] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+		END { for (i = 1; i <= n; i++) { r = order[i]
+			printf "| %s | %s | %.0f µs | %s | %.0f µs | %.0f µs | %.2f | %.2f |\n", r, rate[r, "floor"], cpu[r, "floor"],
+				rate[r, "table"], cpu[r, "table"], idem[r], idem[r] / cpu[r, "floor"], cpu[r, "table"] ? idem[r] / cpu[r, "table"] : 0 } }' "$results" "$floors"
 fi
