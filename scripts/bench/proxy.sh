@@ -61,9 +61,15 @@
 # (a schema migrated by `idem migrate up`: its indexes for the sweeper,
 # reaper and reconciler, and its checks), "the floor on idem's table".
 #
+# PROFILE=DIR: after the rounds, one more run per shape and idem target,
+# not counted, during which a CPU profile of the proxy (DURATION less two
+# seconds, from the second second) is written to DIR/SHAPE-STORE.pprof;
+# idem is then built with -tags pprof (cmd/idem/pprof.go), each target
+# serving pprof on its port + 1000. Read them with `go tool pprof -top`.
+#
 # Settings (environment):
 #   ROUNDS=3  DURATION=6s  STORES="sqlite postgres redis"  SHAPES="new replay"
-#   PEER_CMD  PEER_STORES  PG_FLOOR
+#   PEER_CMD  PEER_STORES  PG_FLOOR  PROFILE
 #   BASELINES="bare bare-default"
 #   THREADS=2  CONNECTIONS=16  PORT=18900 (PORT and the ports after it, one per target)
 #   SQLITE_SYNC=FULL (or NORMAL)  WORKDIR (default: a new directory under
@@ -127,7 +133,13 @@ cleanup() {
 trap cleanup EXIT
 
 log "building into $work"
-go build -o "$work/idem" ./cmd/idem
+PROFILE=${PROFILE:-}
+if [ -n "$PROFILE" ]; then
+	mkdir -p "$PROFILE"
+	go build -tags pprof -o "$work/idem" ./cmd/idem
+else
+	go build -o "$work/idem" ./cmd/idem
+fi
 go build -o "$work/upstream" ./cmd/idem/internal/loadgen/upstream
 go build -o "$work/bareproxy" ./cmd/idem/internal/loadgen/bareproxy
 go build -o "$work/static" ./cmd/idem/internal/loadgen/static
@@ -190,7 +202,8 @@ for store in $STORES; do
 	*) log "unknown store $store (want sqlite, postgres, postgres-async, redis, memory)"; exit 2 ;;
 	esac
 	port_of[$store]=$((PORT + n))
-	start "$store" "$((PORT + n))" "$work/idem" proxy --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
+	IDEM_PPROF_ADDR=127.0.0.1:$((PORT + n + 1000)) \
+		start "$store" "$((PORT + n))" "$work/idem" proxy --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
 	targets+=("$store")
 	n=$((n + 1))
 done
@@ -409,6 +422,24 @@ for round in $(seq 1 "$ROUNDS"); do
 		fi
 	done
 done
+
+if [ -n "$PROFILE" ]; then
+	for shape in $SHAPES; do
+		for store in $STORES; do
+			url="http://127.0.0.1:${port_of[$store]}/v1/payments" prefix="$TAG-profile-$store-$shape"
+			if [ "$shape" = replay ]; then
+				curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: $prefix" \
+					--data '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}' "$url"
+			fi
+			wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape" >/dev/null &
+			sleep 1
+			curl -sf -o "$PROFILE/$shape-$store.pprof" \
+				"http://127.0.0.1:$((${port_of[$store]} + 1000))/debug/pprof/profile?seconds=$((${DURATION%s} - 2))"
+			wait $!
+			log "profile: $PROFILE/$shape-$store.pprof"
+		done
+	done
+fi
 
 echo "idem proxy against a bare reverse proxy: commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+dirty'), $(date -u +%Y-%m-%d)"
 echo "wrk -t $THREADS -c $CONNECTIONS, $ROUNDS rounds of $DURATION, SQLite synchronous=$SQLITE_SYNC, load average $(cut -d ' ' -f 1-3 /proc/loadavg) at the end"
