@@ -308,16 +308,20 @@ sample_store() {
 hz=$(getconf CLK_TCK)
 results=$work/results
 
+# complete_once URL KEY: sends the benchmark's request once with KEY, so
+# that the runs of the replay shape replay it.
+complete_once() {
+	curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: $2" \
+		--data '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}' "$1"
+}
+
 # measure SHAPE TARGET ROUND: one wrk run; appends "shape target round rps
 # p50 p99 proxy_us store_us errors non2xx client_us" to $results.
 measure() {
 	local shape=$1 target=$2 round=$3
 	local url="http://127.0.0.1:${port_of[$target]}/v1/payments"
 	local prefix="$TAG-$round-$target-$shape"
-	if [ "$shape" = replay ]; then
-		curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: $prefix" \
-			--data '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}' "$url"
-	fi
+	[ "$shape" != replay ] || complete_once "$url" "$prefix"
 	local pp=${pid_of[$target]} sp p0 s0 p1 s1 out
 	sp=$(store_pids "$target")
 	# shellcheck disable=SC2086 # sp is a list of PIDs
@@ -427,10 +431,7 @@ if [ -n "$PROFILE" ]; then
 	for shape in $SHAPES; do
 		for store in $STORES; do
 			url="http://127.0.0.1:${port_of[$store]}/v1/payments" prefix="$TAG-profile-$store-$shape"
-			if [ "$shape" = replay ]; then
-				curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: $prefix" \
-					--data '{"customer_id":"cus_bench","amount_cents":1999,"currency":"EUR"}' "$url"
-			fi
+			[ "$shape" != replay ] || complete_once "$url" "$prefix"
 			wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape" >/dev/null &
 			sleep 1
 			curl -sf -o "$PROFILE/$shape-$store.pprof" \
