@@ -14,7 +14,9 @@
 # commit's WAL write is counted but no fsync wait, lock wait or network.
 #
 # Settings: VARIANTS="floor plain idem" N1=100 N2=600 PGBIN (default: the
-# directory of pg_config --bindir), SCRIPTS and the rest as pgshapes.sh.
+# directory of pg_config --bindir), PORT (of the temporary cluster, default
+# 55498: set another to run two at once), KEEP=DIR (copies the callgrind
+# files there, for callgrind_annotate), SCRIPTS and the rest as pgshapes.sh.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -68,15 +70,15 @@ count() {
 		grep -m 3 ERROR "$work/out.$1.$2" >&2
 		exit 1
 	fi
+	[ -z "${KEEP:-}" ] || cp "$out" "$KEEP/callgrind.$1.$2"
 	awk '/^(summary|totals):/ { print $2; exit }' "$out"
 }
 
 echo "pginstructions.sh: instructions per pair of a single-user backend, ($N2 - $N1) pairs"
-off=1
+# Every variant (its own schema) gets the same keys, of the same length:
+# the N1 pairs from 1000000 and the N2 pairs from 2000000.
 for v in $VARIANTS; do
-	a=$(count "$v" "$N1" "$off")
-	off=$((off + 1000000))
-	b=$(count "$v" "$N2" "$off")
-	off=$((off + 1000000))
+	a=$(count "$v" "$N1" 1000000)
+	b=$(count "$v" "$N2" 2000000)
 	echo "$v $(((b - a) / (N2 - N1)))"
 done
