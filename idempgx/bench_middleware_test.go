@@ -199,7 +199,7 @@ func benchMiddlewarePGReplay(b *testing.B, p *pgBench) {
 // The positions of the arguments the raw loop changes, as queries.sql
 // numbers them (from $1).
 const (
-	reserveArgKey, reserveArgToken, reserveArgNow, reserveArgLockedUntil, reserveArgExpiresAt = 2, 4, 5, 6, 7
+	reserveArgKey, reserveArgToken, reserveArgNow, reserveArgLockedUntil, reserveArgExpiresAt = 2, 3, 5, 6, 7
 	completeArgKey, completeArgToken, completeArgNow                                          = 2, 3, 4
 )
 
@@ -239,7 +239,7 @@ func rawReserve(ctx context.Context, pool *pgxpool.Pool, st, find recordedStmt, 
 	var row pgRow
 	bt := &pgx.Batch{}
 	bt.Queue(st.sql, args...)
-	bt.Queue(find.sql, args[:3]...)
+	bt.Queue(find.sql, args[:4]...) // scope, endpoint, key, token
 	br := pool.SendBatch(ctx, bt)
 	tag, err := br.Exec()
 	row.reserved = err == nil && tag.RowsAffected() == 1

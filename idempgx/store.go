@@ -112,6 +112,10 @@ const (
 // KeyReserve), which a second run sees.
 const maxReserveTries = 10
 
+// reserveFindArgs is the number of KeyReserve's arguments that "find"
+// takes: scope, endpoint, key and token.
+const reserveFindArgs = 4
+
 // Store is the PostgreSQL idem store. It is safe for concurrent use.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -187,7 +191,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	lockedUntil := now.Add(p.Lease).Truncate(time.Microsecond)
 	expiresAt := now.Add(p.TTL).Truncate(time.Microsecond)
 	ttl := p.TTL.Truncate(time.Microsecond)
-	args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
+	// The first four are find's (reserveFindArgs).
+	args := []any{p.Scope, p.Endpoint, p.Key, p.Token, p.Fingerprint, now,
 		lockedUntil, expiresAt, string(les), ttl}
 	sql := s.q.reserve
 	for range maxReserveTries {
@@ -208,7 +213,14 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
 			reserved = *dest[0].(*bool)
 		}
-		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Changed by a transaction our snapshot missed. (Or, found by
+			// reserve, it holds the caller's token, which find leaves out:
+			// a token used twice. reclaim reads it whatever its token.)
+			sql = s.q.reclaim
+			continue
+		}
+		if retryable(err) {
 			continue // changed by a transaction our snapshot missed
 		}
 		if err != nil {

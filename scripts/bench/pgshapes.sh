@@ -106,12 +106,18 @@ plain_update() {
 
 # idem_reserve SCHEMA: the reserve statement and, when queries.sql has it,
 # find, which KeyReserve sends with it in one round trip.
+# The order of reserve's parameters is read from its comment: the token
+# came fifth, after the fingerprint, until find took it.
 idem_reserve() {
-	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$fp" "$token" "now()" \
+	local first=$fp second=$token
+	if awk '/^-- name: / { on = ($3 == "reserve"); next } on' "${queries:-idempgx/queries.sql}" | grep -q '\$4 token'; then
+		first=$token second=$fp
+	fi
+	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$first" "$second" "now()" \
 		"now() + interval '30 seconds'" "now() + interval '24 hours'" "'unknown'" "interval '24 hours'"
 	echo ';'
 	if [ -n "$(statement find)" ]; then
-		statement find | expand "$1" | params "''" "'POST /v1/payments'" "$key"
+		statement find | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$token"
 		echo ';'
 	fi
 }
