@@ -279,9 +279,9 @@ func rawPGNewKey(b *testing.B, handler bool) {
 			args := append([]any(nil), complete.args...)
 			args[completeArgKey], args[completeArgToken] = key, key
 			args[completeArgNow] = time.Now().Truncate(time.Microsecond)
-			var changed, notified int64
-			if err := p.pool.QueryRow(ctx, complete.sql, args...).Scan(&changed, &notified); err != nil || changed != 1 {
-				b.Fatalf("complete: %v (changed %d)", err, changed)
+			var notified int64 // a row: the record completed
+			if err := p.pool.QueryRow(ctx, complete.sql, args...).Scan(&notified); err != nil {
+				b.Fatalf("complete: %v", err)
 			}
 		}
 	})

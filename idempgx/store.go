@@ -322,7 +322,8 @@ func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompletePa
 		return err
 	}
 	now := s.now()
-	return s.fenced(ctx, q, p.Identity, s.q.complete,
+	var notified int64
+	return s.fencedRow(ctx, q, p.Identity, s.q.complete, []any{&notified},
 		p.Scope, p.Endpoint, p.Key, p.Token, now,
 		resp.status, resp.header, resp.body, resp.notReplayable)
 }
@@ -376,30 +377,39 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 
 // fenced runs a write conditional on the token, a statement that returns
 // how many records it changed and how many waiters' notifications it sent,
-// in one row or, for "complete", a row per record changed. When it changes
-// no record, the record is missing, belongs to another
-// attempt or is in a state the write may not change: all three are
-// idemstore.ErrLeaseLost for the attempt. On the pool, it is grouped with
-// concurrent statements when Config.GroupCommit is set.
+// in one row. When it changes no record, the record is missing, belongs to
+// another attempt or is in a state the write may not change: all three are
+// idemstore.ErrLeaseLost for the attempt.
 func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sql string, args ...any) error {
 	var changed, notified int64
-	var err error
-	switch {
-	case s.group != nil && q == querier(s.pool):
-		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
-	case q == querier(s.pool):
-		err = (&groupCall{id: id, sql: sql, args: args, dest: []any{&changed, &notified}}).alone(ctx, s.send)
-	default:
-		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return idemstore.ErrLeaseLost // a statement that returns a row per record changed
-	}
-	if err != nil {
-		return interpretError(err)
+	if err := s.fencedRow(ctx, q, id, sql, []any{&changed, &notified}, args...); err != nil {
+		return err
 	}
 	if changed == 0 {
 		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
+
+// fencedRow runs a write conditional on the token that returns a row,
+// scanned into dest, for the record it changed ("complete"), or is fenced's
+// statement. No row is idemstore.ErrLeaseLost. On the pool, it is grouped
+// with concurrent statements when Config.GroupCommit is set.
+func (s *Store) fencedRow(ctx context.Context, q querier, id idemstore.Identity, sql string, dest []any, args ...any) error {
+	var err error
+	switch {
+	case s.group != nil && q == querier(s.pool):
+		err = s.group.queryRow(ctx, id, sql, dest, args...)
+	case q == querier(s.pool):
+		err = (&groupCall{id: id, sql: sql, args: args, dest: dest}).alone(ctx, s.send)
+	default:
+		err = q.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemstore.ErrLeaseLost
+	}
+	if err != nil {
+		return interpretError(err)
 	}
 	return nil
 }
