@@ -199,7 +199,7 @@ func benchMiddlewarePGReplay(b *testing.B, p *pgBench) {
 // The positions of the arguments the raw loop changes, as queries.sql
 // numbers them (from $1).
 const (
-	reserveArgKey, reserveArgToken, reserveArgNow, reserveArgLockedUntil, reserveArgExpiresAt = 2, 4, 5, 6, 7
+	reserveArgKey, reserveArgToken, reserveArgNow, reserveArgLockedUntil, reserveArgExpiresAt = 2, 3, 5, 6, 7
 	completeArgKey, completeArgToken, completeArgNow                                          = 2, 3, 4
 )
 
@@ -239,7 +239,7 @@ func rawReserve(ctx context.Context, pool *pgxpool.Pool, st, find recordedStmt, 
 	var row pgRow
 	bt := &pgx.Batch{}
 	bt.Queue(st.sql, args...)
-	bt.Queue(find.sql, args[:3]...)
+	bt.Queue(find.sql, args[:4]...) // scope, endpoint, key, token
 	br := pool.SendBatch(ctx, bt)
 	tag, err := br.Exec()
 	row.reserved = err == nil && tag.RowsAffected() == 1
@@ -279,9 +279,9 @@ func rawPGNewKey(b *testing.B, handler bool) {
 			args := append([]any(nil), complete.args...)
 			args[completeArgKey], args[completeArgToken] = key, key
 			args[completeArgNow] = time.Now().Truncate(time.Microsecond)
-			var changed, notified int64
-			if err := p.pool.QueryRow(ctx, complete.sql, args...).Scan(&changed, &notified); err != nil || changed != 1 {
-				b.Fatalf("complete: %v (changed %d)", err, changed)
+			var notified int64 // a row: the record completed
+			if err := p.pool.QueryRow(ctx, complete.sql, args...).Scan(&notified); err != nil {
+				b.Fatalf("complete: %v", err)
 			}
 		}
 	})

@@ -86,10 +86,10 @@ func BenchmarkReplay(b *testing.B) {
 // rawReserve runs the reserve statement and scans its row without building
 // a record.
 func rawReserve(ctx context.Context, s *Store, id idemstore.Identity, token string, now time.Time) (bool, error) {
-	args := []any{id.Scope, id.Endpoint, id.Key, fp1, token, now, now.Add(lease), now.Add(ttl), "unknown", ttl}
+	args := []any{id.Scope, id.Endpoint, id.Key, token, fp1, now, now.Add(lease), now.Add(ttl), "unknown", ttl}
 	b := &pgx.Batch{}
 	b.Queue(s.q.reserve, args...)
-	b.Queue(s.q.find, args[:3]...)
+	b.Queue(s.q.find, args[:reserveFindArgs]...)
 	br := s.pool.SendBatch(ctx, b)
 	tag, err := br.Exec()
 	inserted := err == nil && tag.RowsAffected() == 1

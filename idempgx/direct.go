@@ -73,7 +73,7 @@ func (sn *sender) exec(ctx context.Context, calls []*groupCall) (err error) {
 	for _, c := range calls {
 		err = add(c.sql, c.args)
 		if err == nil && c.find != "" {
-			err = add(c.find, c.args[:3])
+			err = add(c.find, c.args[:reserveFindArgs])
 		}
 		if err != nil {
 			for _, c := range calls {
@@ -419,9 +419,9 @@ func (c *groupCall) readDirect(r *directResults) error {
 	}
 	c.inserted = tag.RowsAffected() == 1
 	if c.inserted {
-		_, err = r.exec(c.find, c.args[:3])
+		_, err = r.exec(c.find, c.args[:reserveFindArgs])
 		return err
 	}
 	c.found = new(recordScan)
-	return r.queryRow(c.find, c.args[:3], c.found.dest())
+	return r.queryRow(c.find, c.args[:reserveFindArgs], c.found.dest())
 }

@@ -54,8 +54,8 @@ type grouper struct {
 
 // groupCall is one statement of a group: it returns one row, scanned into
 // dest. A reservation (find set) is two: sql, an insert that returns no
-// row, then find (with the first three of args), whose row is scanned into
-// found only when the insert wrote nothing.
+// row, then find (with the first reserveFindArgs of args), whose row is
+// scanned into found only when the insert wrote nothing.
 type groupCall struct {
 	id   idemstore.Identity
 	sql  string
@@ -78,7 +78,7 @@ type groupCall struct {
 func (c *groupCall) queue(b *pgx.Batch) {
 	b.Queue(c.sql, c.args...)
 	if c.find != "" {
-		b.Queue(c.find, c.args[:3]...)
+		b.Queue(c.find, c.args[:reserveFindArgs]...)
 	}
 }
 

@@ -36,7 +36,7 @@ func TestReservePlanUsesPrimaryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, st := range []struct{ name, sql, args string }{
-		{"find", s.q.find, "'', 'POST /v1/payments', 'key-1'"},
+		{"find", s.q.find, "'', 'POST /v1/payments', 'key-1', 'token'"},
 		{"reclaim", s.q.reclaim, reserveArgs},
 	} {
 		t.Run(st.name, func(t *testing.T) {
@@ -46,8 +46,8 @@ func TestReservePlanUsesPrimaryKey(t *testing.T) {
 }
 
 // reserveArgs are arguments of the reserve and reclaim statements.
-const reserveArgs = `'', 'POST /v1/payments', 'key-1', 'fp',
-		'token', now(), now(), now(), 'unknown', interval '1 day'`
+const reserveArgs = `'', 'POST /v1/payments', 'key-1', 'token',
+		'fp', now(), now(), now(), 'unknown', interval '1 day'`
 
 // checkPlanUsesPrimaryKey prepares sql, one of the reserve statements, on
 // conn and checks that every scan of idem_keys in its plan, executed with

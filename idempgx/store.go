@@ -112,6 +112,10 @@ const (
 // KeyReserve), which a second run sees.
 const maxReserveTries = 10
 
+// reserveFindArgs is the number of KeyReserve's arguments that "find"
+// takes: scope, endpoint, key and token.
+const reserveFindArgs = 4
+
 // Store is the PostgreSQL idem store. It is safe for concurrent use.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -187,7 +191,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	lockedUntil := now.Add(p.Lease).Truncate(time.Microsecond)
 	expiresAt := now.Add(p.TTL).Truncate(time.Microsecond)
 	ttl := p.TTL.Truncate(time.Microsecond)
-	args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
+	// The first four are find's (reserveFindArgs).
+	args := []any{p.Scope, p.Endpoint, p.Key, p.Token, p.Fingerprint, now,
 		lockedUntil, expiresAt, string(les), ttl}
 	sql := s.q.reserve
 	for range maxReserveTries {
@@ -208,7 +213,14 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
 			reserved = *dest[0].(*bool)
 		}
-		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Changed by a transaction our snapshot missed. (Or, found by
+			// reserve, it holds the caller's token, which find leaves out:
+			// a token used twice. reclaim reads it whatever its token.)
+			sql = s.q.reclaim
+			continue
+		}
+		if retryable(err) {
 			continue // changed by a transaction our snapshot missed
 		}
 		if err != nil {
@@ -310,7 +322,8 @@ func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompletePa
 		return err
 	}
 	now := s.now()
-	return s.fenced(ctx, q, p.Identity, s.q.complete,
+	var notified int64
+	return s.fencedRow(ctx, q, p.Identity, s.q.complete, []any{&notified},
 		p.Scope, p.Endpoint, p.Key, p.Token, now,
 		resp.status, resp.header, resp.body, resp.notReplayable)
 }
@@ -364,30 +377,39 @@ func (s *Store) KeyRenew(ctx context.Context, p *idemstore.RenewParams) error {
 
 // fenced runs a write conditional on the token, a statement that returns
 // how many records it changed and how many waiters' notifications it sent,
-// in one row or, for "complete", a row per record changed. When it changes
-// no record, the record is missing, belongs to another
-// attempt or is in a state the write may not change: all three are
-// idemstore.ErrLeaseLost for the attempt. On the pool, it is grouped with
-// concurrent statements when Config.GroupCommit is set.
+// in one row. When it changes no record, the record is missing, belongs to
+// another attempt or is in a state the write may not change: all three are
+// idemstore.ErrLeaseLost for the attempt.
 func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sql string, args ...any) error {
 	var changed, notified int64
-	var err error
-	switch {
-	case s.group != nil && q == querier(s.pool):
-		err = s.group.queryRow(ctx, id, sql, []any{&changed, &notified}, args...)
-	case q == querier(s.pool):
-		err = (&groupCall{id: id, sql: sql, args: args, dest: []any{&changed, &notified}}).alone(ctx, s.send)
-	default:
-		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return idemstore.ErrLeaseLost // a statement that returns a row per record changed
-	}
-	if err != nil {
-		return interpretError(err)
+	if err := s.fencedRow(ctx, q, id, sql, []any{&changed, &notified}, args...); err != nil {
+		return err
 	}
 	if changed == 0 {
 		return idemstore.ErrLeaseLost
+	}
+	return nil
+}
+
+// fencedRow runs a write conditional on the token that returns a row,
+// scanned into dest, for the record it changed ("complete"), or is fenced's
+// statement. No row is idemstore.ErrLeaseLost. On the pool, it is grouped
+// with concurrent statements when Config.GroupCommit is set.
+func (s *Store) fencedRow(ctx context.Context, q querier, id idemstore.Identity, sql string, dest []any, args ...any) error {
+	var err error
+	switch {
+	case s.group != nil && q == querier(s.pool):
+		err = s.group.queryRow(ctx, id, sql, dest, args...)
+	case q == querier(s.pool):
+		err = (&groupCall{id: id, sql: sql, args: args, dest: dest}).alone(ctx, s.send)
+	default:
+		err = q.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemstore.ErrLeaseLost
+	}
+	if err != nil {
+		return interpretError(err)
 	}
 	return nil
 }

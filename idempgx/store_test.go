@@ -1,7 +1,6 @@
 package idempgx
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,13 +90,17 @@ func (b *bundle) reserveAssignsXID(t *testing.T, sql string, p *idemstore.Reserv
 	defer tx.Rollback(b.ctx)
 	now := b.store.now()
 	var rs recordScan
-	args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token,
+	args := []any{p.Scope, p.Endpoint, p.Key, p.Token, p.Fingerprint,
 		now, now.Add(p.Lease), now.Add(p.TTL), string(p.LeaseExpiredState), p.TTL}
 	if sql == b.store.q.reserve {
-		// The reserve statement and, in the same transaction, find.
+		// The reserve statement and, in the same transaction, find, which
+		// returns a row only when reserve inserted none.
 		tag, xerr := tx.Exec(b.ctx, sql, args...)
 		reserved = xerr == nil && tag.RowsAffected() == 1
-		err = cmp.Or(xerr, tx.QueryRow(b.ctx, b.store.q.find, p.Scope, p.Endpoint, p.Key).Scan(rs.dest()...))
+		err = xerr
+		if err == nil && !reserved {
+			err = tx.QueryRow(b.ctx, b.store.q.find, args[:reserveFindArgs]...).Scan(rs.dest()...)
+		}
 	} else {
 		err = tx.QueryRow(b.ctx, sql, args...).Scan(append([]any{&reserved}, rs.dest()...)...)
 	}

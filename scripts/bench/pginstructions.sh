@@ -13,8 +13,20 @@
 # backend's start and end cancel out. One backend, no concurrency: the
 # commit's WAL write is counted but no fsync wait, lock wait or network.
 #
-# Settings: VARIANTS="floor plain idem" N1=100 N2=600 PGBIN (default: the
-# directory of pg_config --bindir), SCRIPTS and the rest as pgshapes.sh.
+# MODE=server counts the statements as a client sends them instead: the
+# cluster runs under callgrind (every backend its own file) and pgbench
+# -M prepared, one client, runs each variant's script over a socket, N1
+# and then N2 transactions (keys drawn with a fixed seed); the backend's
+# count (the new file with the largest) gives the instructions per pair
+# the same way. Bind and Execute of a prepared statement instead of
+# EXECUTE, find in the same pipeline and transaction as reserve, rows sent
+# as a client asks for them (pgbench: text) instead of printed.
+#
+# Settings: MODE (single or server, default single),
+# VARIANTS="floor plain idem" N1=100 N2=600 PGBIN (default: the
+# directory of pg_config --bindir), PORT (of the temporary cluster, default
+# 55498: set another to run two at once), KEEP=DIR (copies the callgrind
+# files there, for callgrind_annotate), SCRIPTS and the rest as pgshapes.sh.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -30,7 +42,7 @@ as_pg() {
 [ "$(id -u)" != 0 ] || chown postgres "$work"
 cleanup() {
 	as_pg "$PGBIN/pg_ctl -D $work/data -m immediate stop" >/dev/null 2>&1 || true
-	rm -rf "$work"
+	rm -rf "$work" 2>/dev/null || { sleep 3; rm -rf "$work"; } # callgrind's last files
 }
 trap cleanup EXIT
 
@@ -49,6 +61,7 @@ input() {
 		my ($n, $off) = @ARGV[1, 2];
 		local $/; open my $f, "<", $ARGV[0] or die; my $src = <$f>;
 		$src =~ s/\A\\set[^\n]*\n//;
+		$src =~ s/^\\(?:start|end)pipeline[^\n]*\n//mg;
 		my @st = grep { /\S/ } split /;\s*\n/, $src;
 		my @out;
 		for my $i (0 .. $#st) { (my $s = $st[$i]) =~ s/:k\b/\$1/g; push @out, "PREPARE s$i(bigint) AS $s" }
@@ -68,15 +81,53 @@ count() {
 		grep -m 3 ERROR "$work/out.$1.$2" >&2
 		exit 1
 	fi
+	[ -z "${KEEP:-}" ] || cp "$out" "$KEEP/callgrind.$1.$2"
 	awk '/^(summary|totals):/ { print $2; exit }' "$out"
 }
 
+if [ "${MODE:-single}" = server ]; then
+	mkdir "$work/cg"
+	chmod 777 "$work/cg"
+	as_pg "valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=$work/cg/cg.%p $PGBIN/postgres -D $work/data \
+		-p $PORT -k $work -c listen_addresses=127.0.0.1 -c fsync=off -c autovacuum=off >$work/valgrind.log 2>&1 &"
+	url="postgres://postgres@127.0.0.1:$PORT/test"
+	for _ in $(seq 120); do
+		psql -q "$url" -c 'SELECT 1' >/dev/null 2>&1 && break
+		sleep 1
+	done
+	sleep 3 # the file of psql's backend
+	# serve VARIANT N: the instructions of the backend of a pgbench run of
+	# N transactions.
+	serve() {
+		local before f
+		before=$(ls "$work/cg")
+		pgbench -n -M prepared -c 1 -t "$2" --random-seed="$2" -f "$work/scripts/$1.sql" "$url" >"$work/pgbench.$1.$2" 2>&1 ||
+			{ cat "$work/pgbench.$1.$2" >&2; exit 1; }
+		sleep 2
+		for _ in $(seq 300); do
+			f=$(comm -13 <(echo "$before") <(ls "$work/cg") | while read -r g; do
+				awk -v g="$g" '/^(summary|totals):/ { print $2, g; exit }' "$work/cg/$g"
+			done | sort -n | tail -1 | cut -d ' ' -f 2)
+			[ -z "$f" ] || break
+			sleep 1
+		done
+		[ -z "${KEEP:-}" ] || cp "$work/cg/$f" "$KEEP/callgrind.server.$1.$2"
+		awk '/^(summary|totals):/ { print $2; exit }' "$work/cg/$f"
+	}
+	echo "pginstructions.sh: instructions per pair of a backend under pgbench -M prepared, ($N2 - $N1) pairs"
+	for v in $VARIANTS; do
+		a=$(serve "$v" "$N1")
+		b=$(serve "$v" "$N2")
+		echo "$v $(((b - a) / (N2 - N1)))"
+	done
+	exit 0
+fi
+
 echo "pginstructions.sh: instructions per pair of a single-user backend, ($N2 - $N1) pairs"
-off=1
+# Every variant (its own schema) gets the same keys, of the same length:
+# the N1 pairs from 1000000 and the N2 pairs from 2000000.
 for v in $VARIANTS; do
-	a=$(count "$v" "$N1" "$off")
-	off=$((off + 1000000))
-	b=$(count "$v" "$N2" "$off")
-	off=$((off + 1000000))
+	a=$(count "$v" "$N1" 1000000)
+	b=$(count "$v" "$N2" 2000000)
 	echo "$v $(((b - a) / (N2 - N1)))"
 done

@@ -70,6 +70,13 @@ statement() {
 		sed 's/[[:space:]]--.*$//'
 }
 
+# terminate: ends a statement with exactly one semicolon. (pgbench sends an
+# empty statement, a ";" after another, to the server as one more round
+# trip: some 12,000 instructions of the server each, counted against idem.)
+terminate() {
+	perl -0pe 's/;?\s*\z/;\n/'
+}
+
 # params VALUES...: writes the values in for $1, $2 … (each in parentheses).
 params() {
 	local args=("$@")
@@ -105,21 +112,28 @@ plain_update() {
 }
 
 # idem_reserve SCHEMA: the reserve statement and, when queries.sql has it,
-# find, which KeyReserve sends with it in one round trip.
+# find, which KeyReserve sends with it in one round trip and one implicit
+# transaction: a pgbench pipeline (one Sync).
+# The order of reserve's parameters is read from its comment: the token
+# came fifth, after the fingerprint, until find took it.
 idem_reserve() {
-	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$fp" "$token" "now()" \
-		"now() + interval '30 seconds'" "now() + interval '24 hours'" "'unknown'" "interval '24 hours'"
-	echo ';'
-	if [ -n "$(statement find)" ]; then
-		statement find | expand "$1" | params "''" "'POST /v1/payments'" "$key"
-		echo ';'
+	local first=$fp second=$token find
+	if awk '/^-- name: / { on = ($3 == "reserve"); next } on' "${queries:-idempgx/queries.sql}" | grep -q '\$4 token'; then
+		first=$token second=$fp
+	fi
+	find=$(statement find)
+	[ -z "$find" ] || echo '\startpipeline'
+	statement reserve | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$first" "$second" "now()" \
+		"now() + interval '30 seconds'" "now() + interval '24 hours'" "'unknown'" "interval '24 hours'" | terminate
+	if [ -n "$find" ]; then
+		statement find | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$token" | terminate
+		echo '\endpipeline'
 	fi
 }
 
 idem_complete() {
 	statement complete | expand "$1" | params "''" "'POST /v1/payments'" "$key" "$token" "now()" 201 \
-		"$header" "$body" false
-	echo ';'
+		"$header" "$body" false | terminate
 }
 
 idem_script() {
