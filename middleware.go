@@ -79,7 +79,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	values := r.Header.Values(HeaderKey)
+	values := r.Header[HeaderKey] // canonical: no need for Values to make it so
 	if len(values) == 0 {
 		if m.cfg.RequireKey {
 			m.cfg.Metrics.Decision(m.metricsEndpoint(r), "", DecisionInvalid)
@@ -134,7 +134,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		params: idemstore.ReserveParams{Identity: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key}},
 		label:  m.metricsLabel(r, endpoint),
 	}
-	contentType := r.Header.Get("Content-Type")
+	contentType := firstValue(r.Header, headerContentType)
 	if offCanonical {
 		contentType = "application/octet-stream" // hashed as raw bytes
 	}
@@ -150,6 +150,20 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.decide(w, r, next, a)
 }
 
+// headerContentType is the canonical name of the request's content type.
+const headerContentType = "Content-Type"
+
+// firstValue is h.Get(name) for a name in canonical form, as the
+// middleware's constants are (headername_test.go checks them): h.Get
+// would canonicalise it again, on every request, at a cost of a few
+// hundred instructions a name.
+func firstValue(h http.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
 // decide has the core claim the key and answers its verdict; it runs the
 // handler when this request won the reservation.
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
@@ -158,7 +172,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case DecisionCreated, DecisionTooManyKeys, DecisionStoreError, DecisionKeyReused:
 	default:
 		if !a.fpCached { // a retry: remember its fingerprint for the next one
-			m.fps.remember(r.Method, a.id().Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id().Scope, a.body, a.fp())
+			m.fps.remember(r.Method, a.id().Endpoint, r.URL.RawQuery, firstValue(r.Header, headerContentType), a.id().Scope, a.body, a.fp())
 			a.fpCached = true
 		}
 	}
