@@ -284,11 +284,18 @@ func argBytes(v any) []byte {
 
 // decodeRecord decodes a stored record.
 func decodeRecord(v string) (*idemstore.Record, error) {
+	return decodeShared(v, nil)
+}
+
+// decodeShared decodes a stored record whose response header the caller
+// does not change and may share (see idemstore.ReserveResult), from
+// headers; a nil headers decodes a header of the caller's own.
+func decodeShared(v string, headers *headerjson.Cache) (*idemstore.Record, error) {
 	var f recordFields
 	if err := f.parse(v); err != nil {
 		return nil, err
 	}
-	return f.record()
+	return f.record(headers)
 }
 
 // set stores value as field k of a record of the earlier layout (a hash);
@@ -350,11 +357,12 @@ func recordFromMap(m map[string]string) (*idemstore.Record, error) {
 	for k, v := range m {
 		f.set(k, v)
 	}
-	return f.record()
+	return f.record(nil)
 }
 
-// record decodes the fields.
-func (f *recordFields) record() (*idemstore.Record, error) {
+// record decodes the fields, the response header from headers when it is
+// not nil (a header the caller may share: see decodeShared).
+func (f *recordFields) record(headers *headerjson.Cache) (*idemstore.Record, error) {
 	// One allocation for the record and its response.
 	b := &struct {
 		rec  idemstore.Record
@@ -424,7 +432,11 @@ func (f *recordFields) record() (*idemstore.Record, error) {
 			return nil, fmt.Errorf("decoding record field status: %w", err)
 		}
 		if h := f.header; h != "" && h != "null" {
-			if resp.Header, err = headerjson.Decode(h); err != nil {
+			decode := headerjson.Decode
+			if headers != nil {
+				decode = headers.Decode
+			}
+			if resp.Header, err = decode(h); err != nil {
 				return nil, fmt.Errorf("decoding record field header: %w", err)
 			}
 			resp.Header, resp.Sealed = neverstored.Unpack(resp.Header)

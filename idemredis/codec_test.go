@@ -104,7 +104,7 @@ return out`)
 			if err := g.parse(v); err != nil || !reflect.DeepEqual(&g, f) {
 				t.Fatalf("Go decoded %+v, %v; want %+v", g, err, *f)
 			}
-			want, err := f.record()
+			want, err := f.record(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
