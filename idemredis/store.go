@@ -150,11 +150,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 	now := s.now()
 	lockedUntil, expiresAt, ttl := us(now.Add(p.Lease)), us(now.Add(p.TTL)), max(p.TTL, 0)
-	a := reserveArgs{
-		now:         us(now),
-		record:      newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds()),
-		lockedUntil: lockedUntil,
-	}
+	var a reserveArgs
+	a.record, a.now, a.lockedUntil = newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds())
 	if les == idemstore.StateReleased {
 		// Only a record whose lease cannot turn unknown may have a TTL
 		// from the start.
