@@ -136,6 +136,34 @@ func TestMetricsPathPrefixReused(t *testing.T) { // not parallel: AllocsPerRun
 	}
 }
 
+// EscapedPathEndpoint names a request by its method and its path as sent,
+// asked again and again about many paths and methods (more than it keeps
+// names of), and finds a name it kept without allocating.
+func TestEscapedPathEndpoint(t *testing.T) { // not parallel: AllocsPerRun
+	endpoint := idem.EscapedPathEndpoint()
+	for round := range 3 {
+		for i := range 300 {
+			for _, method := range []string{"POST", "PUT"} {
+				path := fmt.Sprintf("/v1/a%%2Fb/%d", i)
+				r := httptest.NewRequest(method, path, nil)
+				if got, want := endpoint(r), method+" "+path; got != want {
+					t.Fatalf("round %d: EscapedPathEndpoint()(%s %s) = %q, want %q", round, method, path, got, want)
+				}
+			}
+		}
+	}
+	endpoint = idem.EscapedPathEndpoint()
+	r := httptest.NewRequest("POST", "/v1/payments", nil)
+	endpoint(r)
+	if n := testing.AllocsPerRun(100, func() {
+		if endpoint(r) != "POST /v1/payments" {
+			t.Fatal("the name changed")
+		}
+	}); n != 0 {
+		t.Errorf("EscapedPathEndpoint: %v allocations a request, want 0", n)
+	}
+}
+
 // Logs and span attributes name an unrouted request's endpoint by its
 // metrics label, never by its raw path, which may carry a secret (POST
 // /v1/reset/SECRETPATHTOKEN); the record keeps the path.

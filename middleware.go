@@ -50,10 +50,13 @@ type middleware struct {
 	methods []string        // covered methods, upper case: a few, so a scan beats a map
 	stored  map[string]bool // canonical header names stored for replay
 	fps     fpCache
+	// endpoints keeps the endpoints endpoint made, so that a request of
+	// an endpoint seen before finds its name instead of building it.
+	endpoints labelSlots
 }
 
 func newMiddleware(store idemstore.Store, c *Config) *middleware {
-	m := &middleware{cfg: c.withDefaults(), stored: make(map[string]bool)}
+	m := &middleware{cfg: c.withDefaults(), stored: make(map[string]bool), endpoints: labelSlots{seed: maphash.MakeSeed()}}
 	m.core = newCore(store, &m.cfg.GuardConfig)
 	// The core's settings as the core uses them (a benchmark build's
 	// features may change them), so that both read the same.
@@ -79,7 +82,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	values := r.Header.Values(HeaderKey)
+	values := r.Header[HeaderKey] // canonical: no need for Values to make it so
 	if len(values) == 0 {
 		if m.cfg.RequireKey {
 			m.cfg.Metrics.Decision(m.metricsEndpoint(r), "", DecisionInvalid)
@@ -134,7 +137,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		params: idemstore.ReserveParams{Identity: idemstore.Identity{Scope: scope, Endpoint: endpoint, Key: key}},
 		label:  m.metricsLabel(r, endpoint),
 	}
-	contentType := r.Header.Get("Content-Type")
+	contentType := firstValue(r.Header, headerContentType)
 	if offCanonical {
 		contentType = "application/octet-stream" // hashed as raw bytes
 	}
@@ -150,6 +153,20 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.decide(w, r, next, a)
 }
 
+// headerContentType is the canonical name of the request's content type.
+const headerContentType = "Content-Type"
+
+// firstValue is h.Get(name) for a name in canonical form, as the
+// middleware's constants are (headername_test.go checks them): h.Get
+// would canonicalise it again, on every request, at a cost of a few
+// hundred instructions a name.
+func firstValue(h http.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
 // decide has the core claim the key and answers its verdict; it runs the
 // handler when this request won the reservation.
 func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, a *attempt) {
@@ -158,7 +175,7 @@ func (m *middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case DecisionCreated, DecisionTooManyKeys, DecisionStoreError, DecisionKeyReused:
 	default:
 		if !a.fpCached { // a retry: remember its fingerprint for the next one
-			m.fps.remember(r.Method, a.id().Endpoint, r.URL.RawQuery, r.Header.Get("Content-Type"), a.id().Scope, a.body, a.fp())
+			m.fps.remember(r.Method, a.id().Endpoint, r.URL.RawQuery, firstValue(r.Header, headerContentType), a.id().Scope, a.body, a.fp())
 			a.fpCached = true
 		}
 	}
@@ -266,9 +283,21 @@ func (m *middleware) endpoint(r *http.Request) string {
 		if i := strings.IndexByte(p, ' '); i > 0 && !strings.ContainsRune(p[:i], '/') {
 			return p
 		}
-		return r.Method + " " + p
+		return m.endpoints.label(r.Method, p, "")
 	}
-	return r.Method + " " + r.URL.Path
+	return m.endpoints.label(r.Method, r.URL.Path, "")
+}
+
+// EscapedPathEndpoint returns a Config.Endpoint that names a request by
+// its method and its path as sent (URL.EscapedPath), as idem proxy does:
+// an upstream that routes on the raw path may serve /a%2Fb and /a/b as
+// different resources. Like the default, it keeps the names it made, so
+// that a request to an endpoint seen before allocates none.
+func EscapedPathEndpoint() func(r *http.Request) string {
+	names := &labelSlots{seed: maphash.MakeSeed()}
+	return func(r *http.Request) string {
+		return names.label(r.Method, r.URL.EscapedPath(), "")
+	}
 }
 
 // metricsEndpoint is the endpoint label of r in Metrics, logs and spans:
@@ -322,11 +351,13 @@ func MetricsPathPrefix(segments int) func(r *http.Request) string {
 	}
 }
 
-// labelSlots keeps the labels MetricsPathPrefix made, so that a request
-// finds its label instead of building it: a hash of the kept path picks a
-// slot, which the first label made into it keeps (labels are few, by the
-// choice of segments; a label whose slot another holds is built each time,
-// as without the slots).
+// labelSlots keeps the labels MetricsPathPrefix made (and the endpoint
+// names of the default Endpoint and EscapedPathEndpoint), so that a
+// request finds its label instead of building it: a hash of the kept path
+// picks a slot, which the first label made into it keeps (labels are few,
+// by the choice of segments; a label whose slot another holds is built
+// each time, as without the slots: so is the name of a path with an
+// identifier in it, once the slots are taken).
 type labelSlots struct {
 	seed  maphash.Seed
 	slots [64]atomic.Pointer[pathLabel]

@@ -63,6 +63,14 @@ type record struct {
 	idemstore.Record
 	response idemstore.Response // what Record.Response points to, once completed
 	next     *record            // in recordMap, the next record of the same hash
+	// replay is KeyReserve's result on the record once it is completed,
+	// the record itself: set on the first replay, it serves every later
+	// one without an allocation. Nothing modifies a completed record in
+	// place (no transition leaves completed, and a record past its expiry
+	// or resealed is replaced by a new one), and callers treat the result
+	// as read-only (see idemstore.ReserveResult), so a replay copies
+	// nothing.
+	replay idemstore.ReserveResult
 }
 
 // waiter is the wake-up channel of one identity.
@@ -96,11 +104,19 @@ func New(cfg *Config) *Store {
 // live returns the stored record of id unless it is missing or expired
 // (idemstore.Record.Expired: never an unknown one). The caller holds s.mu.
 func (s *Store) live(id idemstore.Identity, now time.Time) *idemstore.Record {
+	if r := s.liveRecord(id, now); r != nil {
+		return &r.Record
+	}
+	return nil
+}
+
+// liveRecord is live's record as stored.
+func (s *Store) liveRecord(id idemstore.Identity, now time.Time) *record {
 	r := s.records.get(id)
 	if r == nil || r.Expired(now) {
 		return nil
 	}
-	return &r.Record
+	return r
 }
 
 // isUnknown reports whether r is unknown at now, stored so or as an expired
@@ -142,7 +158,17 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	defer s.mu.Unlock()
 	now := s.now()
 
-	r := s.live(p.Identity, now)
+	stored := s.liveRecord(p.Identity, now)
+	if stored != nil && stored.State == idemstore.StateCompleted {
+		if stored.replay.Record == nil {
+			stored.replay.Record = &stored.Record
+		}
+		return &stored.replay, nil
+	}
+	var r *idemstore.Record
+	if stored != nil {
+		r = &stored.Record
+	}
 	if r == nil {
 		les := p.LeaseExpiredState
 		if les != idemstore.StateReleased {
@@ -564,17 +590,11 @@ func compareIdentity(a, b idemstore.Identity) int {
 }
 
 // reserveResult returns a result holding a copy of r that shares r's
-// response, in one allocation (a replay is the hot path). The stored
-// response is never modified in place, only replaced, and callers treat a
-// reserve result as read-only (see idemstore.ReserveResult).
-//
-// A completed record is returned itself: nothing modifies a completed
-// record in place (no transition leaves completed, and a record past its
-// expiry is replaced by a new one), so a replay copies nothing.
+// response, in one allocation. The stored response is never modified in
+// place, only replaced, and callers treat a reserve result as read-only
+// (see idemstore.ReserveResult). A completed record needs no copy (see
+// record.replay).
 func reserveResult(reserved bool, r *idemstore.Record) *idemstore.ReserveResult {
-	if !reserved && r.State == idemstore.StateCompleted {
-		return &idemstore.ReserveResult{Record: r}
-	}
 	b := &struct {
 		res idemstore.ReserveResult
 		rec idemstore.Record

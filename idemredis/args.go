@@ -20,9 +20,11 @@ package idemredis
 
 // reserveArgs are reserve.lua's arguments.
 type reserveArgs struct {
-	now         int64  // Unix microseconds, as every time below
+	// now and lockedUntil are decimal Unix microseconds, parts of record
+	// (see newRecordValue).
+	now         string
 	record      string // the new record, as stored (newRecordValue)
-	lockedUntil int64
+	lockedUntil string
 	redisTTL    int64 // milliseconds, for PX; 0 for none
 	// expiryScore is the record's expires_at when the expiry index must
 	// list it from the start, otherwise 0.

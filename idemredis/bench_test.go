@@ -114,10 +114,7 @@ func BenchmarkRawReserveComplete(b *testing.B) {
 			now := time.Now().UnixMicro()
 			p := &idemstore.ReserveParams{Identity: idemstore.Identity{Scope: "bench", Endpoint: "POST /v1/payments", Key: member},
 				Fingerprint: "fp", Token: member}
-			err := rawEval(ctx, client, reserveScript, reserveArgs{
-				now: now, lockedUntil: now + 30e6,
-				record: newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6),
-			}.call(k)).Err()
+			err := rawEval(ctx, client, reserveScript, newReserveArgs(p, now).call(k)).Err()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -149,13 +146,19 @@ func BenchmarkRawReplay(b *testing.B) {
 		for pb.Next() {
 			now := time.Now().UnixMicro()
 			p := &idemstore.ReserveParams{Identity: testID, Fingerprint: "fp", Token: "t2"}
-			v, err := rawEval(ctx, client, reserveScript, reserveArgs{
-				now: now, lockedUntil: now + 30e6,
-				record: newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6),
-			}.call(k)).Text()
+			v, err := rawEval(ctx, client, reserveScript, newReserveArgs(p, now).call(k)).Text()
 			if err != nil || v == "" {
 				b.Fatalf("raw replay: %v", err)
 			}
 		}
 	})
+}
+
+// newReserveArgs are reserve.lua's arguments for p at now with a lease of
+// 30 s and a retention of an hour, as a new key of the default lease has
+// them.
+func newReserveArgs(p *idemstore.ReserveParams, now int64) reserveArgs {
+	var a reserveArgs
+	a.record, a.now, a.lockedUntil = newRecordValue(p, idemstore.StateUnknown, now, now+30e6, now+3600e6, 3600e6)
+	return a
 }

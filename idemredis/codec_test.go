@@ -104,7 +104,7 @@ return out`)
 			if err := g.parse(v); err != nil || !reflect.DeepEqual(&g, f) {
 				t.Fatalf("Go decoded %+v, %v; want %+v", g, err, *f)
 			}
-			want, err := f.record()
+			want, err := f.record(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,7 +123,11 @@ func TestNewRecordValue(t *testing.T) {
 	for _, les := range []idemstore.State{idemstore.StateUnknown, idemstore.StateReleased} {
 		p := &idemstore.ReserveParams{Identity: idemstore.Identity{Scope: "s,1", Endpoint: "POST /x", Key: "k;2"},
 			Fingerprint: "fp", Token: "tok", Lease: 30 * time.Second, TTL: time.Hour, LeaseExpiredState: les}
-		v := newRecordValue(p, les, now.UnixMicro(), now.Add(p.Lease).UnixMicro(), now.Add(p.TTL).UnixMicro(), p.TTL.Microseconds())
+		v, nowDigits, lockedDigits := newRecordValue(p, les, now.UnixMicro(), now.Add(p.Lease).UnixMicro(), now.Add(p.TTL).UnixMicro(), p.TTL.Microseconds())
+		if nowDigits != micros(now) || lockedDigits != micros(now.Add(p.Lease)) {
+			t.Fatalf("newRecordValue's digits of now and the lease end: %q and %q, want %q and %q",
+				nowDigits, lockedDigits, micros(now), micros(now.Add(p.Lease)))
+		}
 		got, err := decodeRecord(v)
 		if err != nil {
 			t.Fatal(err)

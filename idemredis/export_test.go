@@ -24,11 +24,11 @@ var markerKeys = &boxedKeys{record: "record", index: "index", expiry: "expiry",
 	unknown: "unknown", reconcile: "reconcile", member: "member", channel: "channel"}
 
 func reserveArgv() ReservePositions {
-	argv := argvOf(reserveArgs{now: 1, lockedUntil: 2, redisTTL: 3, record: "record"}.call(markerKeys))
+	argv := argvOf(reserveArgs{now: "now", lockedUntil: "lockedUntil", redisTTL: 3, record: "record"}.call(markerKeys))
 	return ReservePositions{
-		Now:         position(argv, int64(1)),
+		Now:         position(argv, "now"),
 		Record:      position(argv, "record"),
-		LockedUntil: position(argv, int64(2)),
+		LockedUntil: position(argv, "lockedUntil"),
 	}
 }
 
@@ -46,7 +46,8 @@ func NewRecordBuilder(recorded string) func(key, token string, now int64) string
 	return func(key, token string, now int64) string {
 		p := &idemstore.ReserveParams{Identity: idemstore.Identity{Scope: r.Scope, Endpoint: r.Endpoint, Key: key},
 			Fingerprint: r.Fingerprint, Token: token}
-		return newRecordValue(p, r.LeaseExpiredState, now, now+lease, now+ttl, ttl)
+		v, _, _ := newRecordValue(p, r.LeaseExpiredState, now, now+lease, now+ttl, ttl)
+		return v
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/headerjson"
 )
 
 const (
@@ -91,6 +92,10 @@ type Store struct {
 	// functions is set while run calls the scripts as functions (FCALL):
 	// on a *redis.Client, until the server turns out to lack them.
 	functions atomic.Bool
+	// headers decodes the response headers of the records KeyReserve
+	// returns, which its callers share: a replay of a key, or of a
+	// response with the same headers as another, decodes none.
+	headers *headerjson.Cache
 }
 
 var (
@@ -119,7 +124,7 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 		c.WaitTimeout = defaultWaitTimeout
 	}
 	st := &Store{client: client, prefix: c.Prefix, now: c.Now, redirectWait: c.RedirectWait,
-		waitReplicas: c.WaitReplicas, waitTimeout: c.WaitTimeout}
+		waitReplicas: c.WaitReplicas, waitTimeout: c.WaitTimeout, headers: headerjson.NewCache()}
 	st.keys.seed = maphash.MakeSeed()
 	if c.MaxBatches == 0 {
 		c.MaxBatches = defaultMaxBatches
@@ -145,11 +150,8 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 	now := s.now()
 	lockedUntil, expiresAt, ttl := us(now.Add(p.Lease)), us(now.Add(p.TTL)), max(p.TTL, 0)
-	a := reserveArgs{
-		now:         us(now),
-		record:      newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds()),
-		lockedUntil: lockedUntil,
-	}
+	var a reserveArgs
+	a.record, a.now, a.lockedUntil = newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds())
 	if les == idemstore.StateReleased {
 		// Only a record whose lease cannot turn unknown may have a TTL
 		// from the start.
@@ -193,7 +195,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	default:
 		return nil, fmt.Errorf("reserving key: unexpected reply %v", reply)
 	}
-	rec, err := decodeRecord(v)
+	rec, err := decodeShared(v, s.headers)
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
 	}

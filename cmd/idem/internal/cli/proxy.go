@@ -172,7 +172,7 @@ func (o *proxyOptions) config(e *env) *idem.Config {
 
 		// The upstream routes on the path as sent, so /a%2Fb and /a/b are
 		// different endpoints, as they may be different resources.
-		Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
+		Endpoint: idem.EscapedPathEndpoint(),
 	}
 	cfg.MetricsEndpoint = metricsEndpoint(o.metricsRoutes, o.metricsSegments)
 	if o.scopeHeader != "" {

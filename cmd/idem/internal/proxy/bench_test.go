@@ -76,7 +76,7 @@ func BenchmarkProxy(b *testing.B) {
 		return idem.New(store, &idem.Config{
 			GuardConfig: idem.GuardConfig{Logger: quietLogger(), Metrics: idemprom.New(prometheus.NewRegistry(), nil)},
 
-			Endpoint: func(r *http.Request) string { return r.Method + " " + r.URL.EscapedPath() },
+			Endpoint: idem.EscapedPathEndpoint(),
 		})(p)
 	}
 	b.Run("bare", func(b *testing.B) {
