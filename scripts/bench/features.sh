@@ -23,7 +23,8 @@
 #                 (GOMAXPROCS=1: an idle processor's search for work would
 #                 count too): deterministic to about 0.5 %, so it shows a
 #                 feature's cost on a machine too loaded for timing. The binary is built without cgo and runs with
-#                 GODEBUG=asyncpreemptoff=1, which valgrind needs; about 50
+#                 GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off, which valgrind needs
+#                 (valgrind 3.19 knows no RDTSCP); about 50
 #                 times slower than a normal run.
 #
 # FEATURE defaults to: canonical heartbeat metrics logging recorder crypt
@@ -57,7 +58,7 @@ cost() {
 		rm -f "$bin.out.bench"
 		;;
 	instructions)
-		IDEM_BENCH_OFF=$1 GOMAXPROCS=1 GOGC=off GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+		IDEM_BENCH_OFF=$1 GOMAXPROCS=1 GOGC=off GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 			"$bin" -test.run '^$' -test.bench "$bench" -test.benchtime "$2x" -test.benchmem >"$bin.out" 2>&1
 		;;
 	esac

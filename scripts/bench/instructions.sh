@@ -12,7 +12,8 @@
 # without the garbage collector (GOGC=off: whether a run holds one more
 # collection would move the count more than most changes do; the allocs/op
 # and B/op it prints show what the collector would have to do), and
-# GODEBUG=asyncpreemptoff=1, which valgrind needs. Build TESTBIN with
+# GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off, which valgrind needs
+# (valgrind 3.19 does not know the RDTSCP instruction of Go 1.26's runtime). Build TESTBIN with
 # CGO_ENABLED=0. About 50 times slower than a normal run.
 #
 #   CGO_ENABLED=0 go test -c -o /tmp/core.test ./internal/integration/core
@@ -24,7 +25,7 @@ shift 2
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 count() {
-	GOMAXPROCS=1 GOGC=off GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+	GOMAXPROCS=1 GOGC=off GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 		"$bin" -test.run '^$' -test.bench "$1" -test.benchtime "$2x" -test.benchmem >"$out" 2>&1
 	awk '/Collected :/ { c = $NF }
 		/^Bench/ { for (i = 3; i < NF; i++) { if ($(i + 1) == "B/op") b = $i; if ($(i + 1) == "allocs/op") a = $i } }
