@@ -32,8 +32,10 @@ import (
 // and times replaced. Recording also checks the round trips SPEC section 7
 // allows: a new key is two statements (reserve, complete), a replay one.
 //
-// Both sides run GOMAXPROCS×pgBenchParallelism goroutines on a pool of
-// pgBenchConns connections, each in a fresh schema. Each Raw benchmark has
+// Both sides run GOMAXPROCS×pgBenchParallelism goroutines (or
+// IDEM_BENCH_PARALLELISM instead of pgBenchParallelism, see
+// benchkit.Parallelism) on a pool of pgBenchConns connections, each in a
+// fresh schema. Each Raw benchmark has
 // two variants (see benchkit.RawVariants): the statements alone, and with the
 // benchmark's HTTP scaffolding and the bare handler added.
 //
@@ -161,7 +163,7 @@ func BenchmarkMiddlewarePGNewKeyGroupCommit(b *testing.B) {
 func benchMiddlewarePGNewKey(b *testing.B, p *pgBench) {
 	p.learn(b)
 	var n atomic.Int64
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -186,7 +188,7 @@ func BenchmarkMiddlewarePGReplayGroupCommit(b *testing.B) {
 
 func benchMiddlewarePGReplay(b *testing.B, p *pgBench) {
 	p.learn(b)
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -262,7 +264,7 @@ func rawPGNewKey(b *testing.B, handler bool) {
 	reserve, find, complete := p.learn(b)
 	ctx := context.Background()
 	var n atomic.Int64
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -299,7 +301,7 @@ func rawPGReplay(b *testing.B, handler bool) {
 	p := newPGBench(b)
 	reserve, find, _ := p.learn(b)
 	ctx := context.Background()
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
