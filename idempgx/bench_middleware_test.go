@@ -93,6 +93,7 @@ func newPGBenchWith(b *testing.B, groupCommit bool) *pgBench {
 		b.Fatal(err)
 	}
 	cfg.MaxConns = pgBenchConns
+	cfg.ConnConfig.DialFunc = idempgx.RawDial(cfg.ConnConfig.DialFunc)
 	rec := &sqlRecorder{}
 	cfg.ConnConfig.Tracer = rec
 	ctx := context.Background()
