@@ -119,6 +119,13 @@ func (c *conn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
+// CloseWrite shuts down the writing side of the socket, as
+// *net.TCPConn's and *net.UnixConn's do (net/http half-closes a connection
+// it is done with).
+func (c *conn) CloseWrite() error {
+	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
+}
+
 // opError is err as net reports a failed read or write. syscall.RawConn
 // already wraps its own errors (a deadline, a closed connection) in a
 // *net.OpError, of operation "raw-read" or "raw-write".

@@ -242,3 +242,25 @@ func TestNoAllocations(t *testing.T) {
 		t.Errorf("a write and a read on each side: %v allocations; want 0", allocs)
 	}
 }
+
+func TestCloseWrite(t *testing.T) {
+	t.Parallel()
+	forEachNetwork(t, func(t *testing.T, network string) {
+		c, peer := pair(t, network)
+		cw, ok := c.(interface{ CloseWrite() error })
+		if !ok {
+			t.Fatal("no CloseWrite")
+		}
+		c.Write([]byte("bye"))
+		if err := cw.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := io.ReadAll(peer); err != nil || string(got) != "bye" {
+			t.Errorf("the peer read %q, %v; want \"bye\" and EOF", got, err)
+		}
+		peer.Write([]byte("still open"))
+		if n, err := c.Read(make([]byte, 16)); n != 10 || err != nil {
+			t.Errorf("Read after CloseWrite: %d, %v", n, err)
+		}
+	})
+}
