@@ -26,8 +26,8 @@ import "net"
 // Wrap returns c with Read and Write issued as raw system calls, when c is
 // a socket of this platform's net package (a *net.TCPConn or
 // *net.UnixConn on Linux); otherwise c itself. The connection it returns
-// keeps CloseWrite; the other methods particular to TCP and Unix sockets
-// (ReadFrom's sendfile and splice among them) are not there.
+// keeps CloseWrite and ReadFrom (sendfile and splice); the socket's other
+// methods are not there.
 func Wrap(c net.Conn) net.Conn {
 	return wrap(c)
 }

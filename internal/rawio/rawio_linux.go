@@ -126,6 +126,16 @@ func (c *conn) CloseWrite() error {
 	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
 }
 
+// ReadFrom copies r to the socket as *net.TCPConn's does (sendfile or
+// splice when r is a file or a socket, through net's writes), or with
+// Write when the socket has none.
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c}, r)
+}
+
 // opError is err as net reports a failed read or write. syscall.RawConn
 // already wraps its own errors (a deadline, a closed connection) in a
 // *net.OpError, of operation "raw-read" or "raw-write".

@@ -264,3 +264,35 @@ func TestCloseWrite(t *testing.T) {
 		}
 	})
 }
+
+func TestReadFrom(t *testing.T) {
+	t.Parallel()
+	forEachNetwork(t, func(t *testing.T, network string) {
+		c, peer := pair(t, network)
+		rf, ok := c.(io.ReaderFrom)
+		if !ok {
+			t.Fatal("no ReadFrom")
+		}
+		f := filepath.Join(t.TempDir(), "f")
+		data := bytes.Repeat([]byte("x"), 100_000)
+		if err := os.WriteFile(f, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		file, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer file.Close()
+		done := make(chan []byte)
+		go func() {
+			got, _ := io.ReadAll(io.LimitReader(peer, int64(len(data))))
+			done <- got
+		}()
+		if n, err := rf.ReadFrom(file); n != int64(len(data)) || err != nil {
+			t.Errorf("ReadFrom: %d, %v", n, err)
+		}
+		if got := <-done; !bytes.Equal(got, data) {
+			t.Errorf("the peer read %d bytes, other than sent", len(got))
+		}
+	})
+}
