@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // maxGroup bounds the calls of one group.
@@ -184,28 +185,32 @@ func (g *grouper) alone(ctx context.Context, c *groupCall) error {
 // send runs group and sets every call's err. A group of one is a plain
 // statement on ctx; a larger one runs on a context that ends at the latest
 // deadline of its calls (leader's ctx values, none of its cancellation: the
-// other calls wait for it).
+// other calls wait for it), an alarm of the process's shared list rather
+// than a runtime timer and a cancellation context of its own (see
+// internal/deadline).
 func (g *grouper) send(ctx context.Context, group []*groupCall) {
 	if len(group) == 1 {
 		c := group[0]
 		c.err = g.alone(ctx, c)
 		return
 	}
-	gctx := context.WithoutCancel(ctx)
-	var deadline time.Time
+	var latest time.Time
 	for _, c := range group {
 		if !c.hasDeadline {
-			deadline = time.Time{}
+			latest = time.Time{}
 			break
 		}
-		if c.deadline.After(deadline) {
-			deadline = c.deadline
+		if c.deadline.After(latest) {
+			latest = c.deadline
 		}
 	}
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		gctx, cancel = context.WithDeadline(gctx, deadline)
-		defer cancel()
+	var gctx context.Context
+	if latest.IsZero() {
+		gctx = context.WithoutCancel(ctx)
+	} else {
+		var release func()
+		gctx, release = deadline.WithTimeout(deadline.Wall, ctx, time.Until(latest))
+		defer release()
 	}
 	slices.SortFunc(group, func(a, b *groupCall) int {
 		return cmp.Or(strings.Compare(a.id.Scope, b.id.Scope),
