@@ -201,7 +201,8 @@ var builders = sync.Pool{New: func() any { return new(builder) }}
 
 // encode encodes args, the arguments of sd, into b.values and
 // b.paramFormats as pgx's ExtendedQueryBuilder would (strings as text,
-// the other types the store sends in binary, nil pointers as NULL), or
+// the other types the store sends in binary, each also behind a pointer,
+// nil pointers as NULL), or
 // reports false for an argument of another type or an unexpected
 // parameter type: pgx's builder then encodes them.
 func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
@@ -227,14 +228,26 @@ func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
 			if oid != pgtype.TimestamptzOID {
 				return false
 			}
-			us := v.Unix()*1_000_000 + int64(v.Nanosecond())/1000 - y2kMicroseconds
-			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(us))
+			b.buf = appendTimestamptz(b.buf, v)
+		case *time.Time:
+			if oid != pgtype.TimestamptzOID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = appendTimestamptz(b.buf, *v)
+			}
 		case time.Duration:
 			if oid != pgtype.IntervalOID {
 				return false
 			}
-			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(int64(v)/1000))
-			b.buf = binary.BigEndian.AppendUint64(b.buf, 0) // days, months
+			b.buf = appendInterval(b.buf, v)
+		case *time.Duration:
+			if oid != pgtype.IntervalOID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = appendInterval(b.buf, *v)
+			}
 		case bool:
 			if oid != pgtype.BoolOID {
 				return false
@@ -274,6 +287,20 @@ func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
 		}
 	}
 	return true
+}
+
+// appendTimestamptz appends t as a binary timestamptz: microseconds since
+// PostgreSQL's epoch.
+func appendTimestamptz(buf []byte, t time.Time) []byte {
+	us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - y2kMicroseconds
+	return binary.BigEndian.AppendUint64(buf, uint64(us))
+}
+
+// appendInterval appends d as a binary interval of microseconds, no days
+// or months.
+func appendInterval(buf []byte, d time.Duration) []byte {
+	buf = binary.BigEndian.AppendUint64(buf, uint64(int64(d)/1000))
+	return binary.BigEndian.AppendUint64(buf, 0) // days, months
 }
 
 // empty is an empty value, which a nil slice is not: NULL.
@@ -399,7 +426,7 @@ func scanInt64s(rr *pgconn.ResultReader, dest []any) (ok bool, tag pgconn.Comman
 
 func (r *directResults) trace(sql string, args []any, tag pgconn.CommandTag, err error) {
 	if r.tracer != nil {
-		r.tracer.TraceBatchQuery(r.ctx, r.conn, pgx.TraceBatchQueryData{SQL: sql, Args: args, CommandTag: tag, Err: err})
+		r.tracer.TraceBatchQuery(r.ctx, r.conn, pgx.TraceBatchQueryData{SQL: sql, Args: plainArgs(args), CommandTag: tag, Err: err})
 	}
 }
 

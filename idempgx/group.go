@@ -75,12 +75,39 @@ type groupCall struct {
 	wake chan bool
 }
 
-// queue adds c's statements to b.
+// queue adds c's statements to b, with plain arguments (see plainArgs).
 func (c *groupCall) queue(b *pgx.Batch) {
-	b.Queue(c.sql, c.args...)
+	args := plainArgs(c.args)
+	b.Queue(c.sql, args...)
 	if c.find != "" {
-		b.Queue(c.find, c.args[:3]...)
+		b.Queue(c.find, args[:3]...)
 	}
+}
+
+// plainArgs returns a copy of args in which the pointers the store passes
+// to spare an allocation per argument (to a string, a time, a duration)
+// are replaced by what they point to: what a tracer shows and pgx's own
+// statements take, as before the pointers. A nil pointer stays (NULL).
+func plainArgs(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case *string:
+			if v != nil {
+				a = *v
+			}
+		case *time.Time:
+			if v != nil {
+				a = *v
+			}
+		case *time.Duration:
+			if v != nil {
+				a = *v
+			}
+		}
+		out[i] = a
+	}
+	return out
 }
 
 // alone runs c's statements by themselves on pool.

@@ -187,8 +187,17 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	lockedUntil := now.Add(p.Lease).Truncate(time.Microsecond)
 	expiresAt := now.Add(p.TTL).Truncate(time.Microsecond)
 	ttl := p.TTL.Truncate(time.Microsecond)
-	args := []any{p.Scope, p.Endpoint, p.Key, p.Fingerprint, p.Token, now,
-		lockedUntil, expiresAt, string(les), ttl}
+	// The arguments point into p and into a: an interface holding a
+	// string, a time or a duration would be an allocation each.
+	a := &struct {
+		now, lockedUntil, expiresAt time.Time
+		les                         string
+		ttl                         time.Duration
+		args                        [10]any
+	}{now: now, lockedUntil: lockedUntil, expiresAt: expiresAt, les: string(les), ttl: ttl}
+	a.args = [10]any{&p.Scope, &p.Endpoint, &p.Key, &p.Fingerprint, &p.Token, &a.now,
+		&a.lockedUntil, &a.expiresAt, &a.les, &a.ttl}
+	args := a.args[:]
 	sql := s.q.reserve
 	for range maxReserveTries {
 		var reserved bool
@@ -205,7 +214,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		} else {
 			rs = new(recordScan)
 			dest := rs.dest(new(bool))
-			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			err = s.pool.QueryRow(ctx, sql, plainArgs(args)...).Scan(dest...)
 			reserved = *dest[0].(*bool)
 		}
 		if errors.Is(err, pgx.ErrNoRows) || retryable(err) {
@@ -309,10 +318,14 @@ func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompletePa
 	if err != nil {
 		return err
 	}
-	now := s.now()
-	return s.fenced(ctx, q, p.Identity, s.q.complete,
-		p.Scope, p.Endpoint, p.Key, p.Token, now,
-		resp.status, resp.header, resp.body, resp.notReplayable)
+	// The arguments point into p and into a (see KeyReserve).
+	a := &struct {
+		now  time.Time
+		args [9]any
+	}{now: s.now()}
+	a.args = [9]any{&p.Scope, &p.Endpoint, &p.Key, &p.Token, &a.now,
+		resp.status, resp.header, resp.body, resp.notReplayable}
+	return s.fenced(ctx, q, p.Identity, s.q.complete, a.args[:]...)
 }
 
 // KeyRelease moves an in_progress or unknown record to released when the
@@ -378,7 +391,7 @@ func (s *Store) fenced(ctx context.Context, q querier, id idemstore.Identity, sq
 	case q == querier(s.pool):
 		err = (&groupCall{id: id, sql: sql, args: args, dest: []any{&changed, &notified}}).alone(ctx, s.send)
 	default:
-		err = q.QueryRow(ctx, sql, args...).Scan(&changed, &notified)
+		err = q.QueryRow(ctx, sql, plainArgs(args)...).Scan(&changed, &notified)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemstore.ErrLeaseLost // a statement that returns a row per record changed
