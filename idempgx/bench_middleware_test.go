@@ -32,8 +32,10 @@ import (
 // and times replaced. Recording also checks the round trips SPEC section 7
 // allows: a new key is two statements (reserve, complete), a replay one.
 //
-// Both sides run GOMAXPROCS×pgBenchParallelism goroutines on a pool of
-// pgBenchConns connections, each in a fresh schema. Each Raw benchmark has
+// Both sides run GOMAXPROCS×pgBenchParallelism goroutines (or
+// IDEM_BENCH_PARALLELISM instead of pgBenchParallelism, see
+// benchkit.Parallelism) on a pool of pgBenchConns connections, each in a
+// fresh schema. Each Raw benchmark has
 // two variants (see benchkit.RawVariants): the statements alone, and with the
 // benchmark's HTTP scaffolding and the bare handler added.
 //
@@ -73,12 +75,16 @@ func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.T
 
 func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-// pgBench is a migrated idempgx store in a schema of its own, on a pool
-// whose statements can be recorded, and the middleware on it.
+// pgBench is a migrated idempgx store in a schema of its own and the
+// middleware on it, twice: on pool, which the benchmarks measure, and on a
+// pool whose statements can be recorded (rec, its tracer), which learn
+// uses; a tracer costs the store a copy of every statement's arguments,
+// which idem proxy's pools do not pay.
 type pgBench struct {
-	pool *pgxpool.Pool
-	rec  *sqlRecorder
-	mw   http.Handler
+	pool   *pgxpool.Pool
+	rec    *sqlRecorder
+	mw     http.Handler // on pool
+	traced http.Handler // on the pool with rec
 }
 
 func newPGBench(b *testing.B) *pgBench { return newPGBenchWith(b, false) }
@@ -91,37 +97,51 @@ func newPGBenchWith(b *testing.B, groupCommit bool) *pgBench {
 		b.Fatal(err)
 	}
 	cfg.MaxConns = pgBenchConns
+	cfg.ConnConfig.DialFunc = idempgx.RawDial(cfg.ConnConfig.DialFunc)
+	tcfg := cfg.Copy()
 	rec := &sqlRecorder{}
-	cfg.ConnConfig.Tracer = rec
+	tcfg.ConnConfig.Tracer = rec
 	ctx := context.Background()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
 	var r [6]byte
 	rand.Read(r[:])
 	schema := "idem_bench_" + hex.EncodeToString(r[:])
-	store := idempgx.New(pool, &idempgx.Config{Schema: schema, GroupCommit: groupCommit})
-	b.Cleanup(func() {
-		store.Close()
+	open := func(cfg *pgxpool.Config) (*pgxpool.Pool, http.Handler) {
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		store := idempgx.New(pool, &idempgx.Config{Schema: schema, GroupCommit: groupCommit})
+		b.Cleanup(func() {
+			store.Close()
+			pool.Close()
+		})
+		if _, err := store.Migrate(ctx); err != nil {
+			b.Fatalf("Migrate: %v", err)
+		}
+		return pool, idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: benchkit.DiscardLogger()}})(benchkit.Handler)
+	}
+	pool, mw := open(cfg)
+	b.Cleanup(func() { // before the pools close: cleanups run last first
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			b.Errorf("dropping schema %s: %v", schema, err)
 		}
-		pool.Close()
 	})
-	if _, err := store.Migrate(ctx); err != nil {
-		b.Fatalf("Migrate: %v", err)
-	}
-	return &pgBench{pool: pool, rec: rec, mw: idem.New(store, &idem.Config{GuardConfig: idem.GuardConfig{Logger: benchkit.DiscardLogger()}})(benchkit.Handler)}
+	_, traced := open(tcfg)
+	return &pgBench{pool: pool, rec: rec, mw: mw, traced: traced}
 }
 
 // serve sends one request with key through the middleware and checks the
 // answer: 201, replayed or not.
 func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
+	p.serveOn(b, p.mw, key, body, replayed)
+}
+
+// serveOn is serve through the middleware h.
+func (p *pgBench) serveOn(b *testing.B, h http.Handler, key, body string, replayed bool) {
 	w := httptest.NewRecorder()
-	p.mw.ServeHTTP(w, benchkit.RequestBody(key, body))
+	h.ServeHTTP(w, benchkit.RequestBody(key, body))
 	want := ""
 	if replayed {
 		want = "true"
@@ -135,11 +155,11 @@ func (p *pgBench) serve(b *testing.B, key, body string, replayed bool) {
 // replay of it, and checks their number.
 func (p *pgBench) learn(b *testing.B) (reserve, find, complete recordedStmt) {
 	b.Helper()
-	stmts := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, false) })
+	stmts := p.rec.Record(func() { p.serveOn(b, p.traced, "probe", benchkit.Body, false) })
 	if len(stmts) != 3 {
 		b.Fatalf("a new key sent %d statements, want 3 (reserve and find, complete)", len(stmts))
 	}
-	replay := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	replay := p.rec.Record(func() { p.serveOn(b, p.traced, "probe", benchkit.Body, true) })
 	if len(replay) != 2 || replay[0].sql != stmts[0].sql || replay[1].sql != stmts[1].sql {
 		b.Fatalf("a replay sent %d statements, want 2 (reserve and find)", len(replay))
 	}
@@ -161,7 +181,7 @@ func BenchmarkMiddlewarePGNewKeyGroupCommit(b *testing.B) {
 func benchMiddlewarePGNewKey(b *testing.B, p *pgBench) {
 	p.learn(b)
 	var n atomic.Int64
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -186,7 +206,7 @@ func BenchmarkMiddlewarePGReplayGroupCommit(b *testing.B) {
 
 func benchMiddlewarePGReplay(b *testing.B, p *pgBench) {
 	p.learn(b)
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -262,7 +282,7 @@ func rawPGNewKey(b *testing.B, handler bool) {
 	reserve, find, complete := p.learn(b)
 	ctx := context.Background()
 	var n atomic.Int64
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -299,7 +319,7 @@ func rawPGReplay(b *testing.B, handler bool) {
 	p := newPGBench(b)
 	reserve, find, _ := p.learn(b)
 	ctx := context.Background()
-	b.SetParallelism(pgBenchParallelism)
+	b.SetParallelism(benchkit.Parallelism(pgBenchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {

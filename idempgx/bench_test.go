@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/benchkit"
 )
 
 // The benchmarks compare the store with the same statements issued by a
@@ -32,7 +33,7 @@ func BenchmarkReserveComplete(b *testing.B) {
 	ctx := context.Background()
 	resp := sampleResponse()
 	var n atomic.Int64
-	b.SetParallelism(benchParallelism)
+	b.SetParallelism(benchkit.Parallelism(benchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -68,7 +69,7 @@ func BenchmarkReplay(b *testing.B) {
 	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t0", Response: sampleResponse()}); err != nil {
 		b.Fatal(err)
 	}
-	b.SetParallelism(benchParallelism)
+	b.SetParallelism(benchkit.Parallelism(benchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -117,7 +118,7 @@ func BenchmarkRawReserveComplete(b *testing.B) {
 		b.Fatal(err)
 	}
 	var n atomic.Int64
-	b.SetParallelism(benchParallelism)
+	b.SetParallelism(benchkit.Parallelism(benchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -149,7 +150,7 @@ func BenchmarkRawReplay(b *testing.B) {
 	if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t0", Response: sampleResponse()}); err != nil {
 		b.Fatal(err)
 	}
-	b.SetParallelism(benchParallelism)
+	b.SetParallelism(benchkit.Parallelism(benchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -182,7 +183,7 @@ ON CONFLICT (scope, endpoint, key) DO UPDATE SET token = excluded.token,
     state = 'in_progress', locked_until = excluded.locked_until
 WHERE k.state = 'released' AND k.fingerprint = excluded.fingerprint
 RETURNING true`
-	b.SetParallelism(benchParallelism)
+	b.SetParallelism(benchkit.Parallelism(benchParallelism))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,8 +107,9 @@ type sender struct {
 	// default QueryExecModeCacheStatement). Otherwise (a pool set up for
 	// a pooler that keeps no prepared statement, say), the statements go
 	// as pgx sends them in the pool's mode.
-	prepare bool
-	formats sync.Map // statement text → *resultFormats
+	prepare  bool
+	formats  sync.Map     // *pgconn.StatementDescription → []int16, see resultFormats
+	nformats atomic.Int32 // entries of formats
 }
 
 func newSender(pool *pgxpool.Pool) *sender {
@@ -159,37 +161,31 @@ func (c *groupCall) read(br pgx.BatchResults) error {
 	return br.QueryRow().Scan(c.found.dest()...)
 }
 
-// resultFormats is the format in which each column of a statement's rows
-// is asked for, pgx's choice for its type, kept for the types it was
-// chosen for.
-type resultFormats struct {
-	oids    []uint32
-	formats []int16
-}
+// maxFormats bounds the statements whose result formats a sender keeps.
+const maxFormats = 256
 
 // resultFormats returns the formats pgx would ask for the columns of sd,
-// found once per statement and column types instead of once per column
-// at every call.
+// found once per prepared statement instead of once per column at every
+// call. They are kept by statement description, which a connection keeps
+// as long as the statement is prepared and never changes (a statement
+// prepared again is described anew): a pointer is hashed in a few
+// instructions, a statement's text in hundreds. At most maxFormats are
+// kept; when full, the cache starts afresh, so that the descriptions of
+// closed connections do not pile up.
 func (sn *sender) resultFormats(sd *pgconn.StatementDescription, m *pgtype.Map) []int16 {
-	if v, ok := sn.formats.Load(sd.SQL); ok {
-		rf := v.(*resultFormats)
-		if len(rf.oids) == len(sd.Fields) && func() bool {
-			for i, f := range sd.Fields {
-				if rf.oids[i] != f.DataTypeOID {
-					return false
-				}
-			}
-			return true
-		}() {
-			return rf.formats
-		}
+	if v, ok := sn.formats.Load(sd); ok {
+		return v.([]int16)
 	}
-	rf := &resultFormats{oids: make([]uint32, len(sd.Fields)), formats: make([]int16, len(sd.Fields))}
+	formats := make([]int16, len(sd.Fields))
 	for i, f := range sd.Fields {
-		rf.oids[i], rf.formats[i] = f.DataTypeOID, m.FormatCodeForOID(f.DataTypeOID)
+		formats[i] = m.FormatCodeForOID(f.DataTypeOID)
 	}
-	sn.formats.Store(sd.SQL, rf)
-	return rf.formats
+	if sn.nformats.Add(1) > maxFormats {
+		sn.formats.Clear()
+		sn.nformats.Store(1)
+	}
+	sn.formats.Store(sd, formats)
+	return formats
 }
 
 // builder encodes the arguments of a batch's statements, reused from one
@@ -205,7 +201,8 @@ var builders = sync.Pool{New: func() any { return new(builder) }}
 
 // encode encodes args, the arguments of sd, into b.values and
 // b.paramFormats as pgx's ExtendedQueryBuilder would (strings as text,
-// the other types the store sends in binary, nil pointers as NULL), or
+// the other types the store sends in binary, each also behind a pointer,
+// nil pointers as NULL), or
 // reports false for an argument of another type or an unexpected
 // parameter type: pgx's builder then encodes them.
 func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
@@ -231,14 +228,26 @@ func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
 			if oid != pgtype.TimestamptzOID {
 				return false
 			}
-			us := v.Unix()*1_000_000 + int64(v.Nanosecond())/1000 - y2kMicroseconds
-			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(us))
+			b.buf = appendTimestamptz(b.buf, v)
+		case *time.Time:
+			if oid != pgtype.TimestamptzOID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = appendTimestamptz(b.buf, *v)
+			}
 		case time.Duration:
 			if oid != pgtype.IntervalOID {
 				return false
 			}
-			b.buf = binary.BigEndian.AppendUint64(b.buf, uint64(int64(v)/1000))
-			b.buf = binary.BigEndian.AppendUint64(b.buf, 0) // days, months
+			b.buf = appendInterval(b.buf, v)
+		case *time.Duration:
+			if oid != pgtype.IntervalOID {
+				return false
+			}
+			if null = v == nil; !null {
+				b.buf = appendInterval(b.buf, *v)
+			}
 		case bool:
 			if oid != pgtype.BoolOID {
 				return false
@@ -278,6 +287,20 @@ func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
 		}
 	}
 	return true
+}
+
+// appendTimestamptz appends t as a binary timestamptz: microseconds since
+// PostgreSQL's epoch.
+func appendTimestamptz(buf []byte, t time.Time) []byte {
+	us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - y2kMicroseconds
+	return binary.BigEndian.AppendUint64(buf, uint64(us))
+}
+
+// appendInterval appends d as a binary interval of microseconds, no days
+// or months.
+func appendInterval(buf []byte, d time.Duration) []byte {
+	buf = binary.BigEndian.AppendUint64(buf, uint64(int64(d)/1000))
+	return binary.BigEndian.AppendUint64(buf, 0) // days, months
 }
 
 // empty is an empty value, which a nil slice is not: NULL.
@@ -403,7 +426,7 @@ func scanInt64s(rr *pgconn.ResultReader, dest []any) (ok bool, tag pgconn.Comman
 
 func (r *directResults) trace(sql string, args []any, tag pgconn.CommandTag, err error) {
 	if r.tracer != nil {
-		r.tracer.TraceBatchQuery(r.ctx, r.conn, pgx.TraceBatchQueryData{SQL: sql, Args: args, CommandTag: tag, Err: err})
+		r.tracer.TraceBatchQuery(r.ctx, r.conn, pgx.TraceBatchQueryData{SQL: sql, Args: plainArgs(args), CommandTag: tag, Err: err})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -23,18 +24,20 @@ import (
 type batchRecorder struct {
 	mu   sync.Mutex
 	sqls []string
+	args [][]any
 	errs []error
 }
 
-func (r *batchRecorder) add(sql string, err error) {
+func (r *batchRecorder) add(sql string, args []any, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.sqls = append(r.sqls, sql)
+	r.args = append(r.args, args)
 	r.errs = append(r.errs, err)
 }
 
 func (r *batchRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	r.add(data.SQL, nil)
+	r.add(data.SQL, data.Args, nil)
 	return ctx
 }
 
@@ -45,14 +48,15 @@ func (r *batchRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 }
 
 func (r *batchRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	r.add(data.SQL, data.Err)
+	r.add(data.SQL, data.Args, data.Err)
 }
 
 func (r *batchRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TestTracerSeesStatements checks that a tracer on the pool sees the
 // statements of a new key and of a replay, alone and grouped, with their
-// outcome, although the store sends them through pgconn.
+// outcome and their arguments as values (the store passes some by
+// pointer), although the store sends them through pgconn.
 func TestTracerSeesStatements(t *testing.T) {
 	t.Parallel()
 	rec := &batchRecorder{}
@@ -66,7 +70,7 @@ func TestTracerSeesStatements(t *testing.T) {
 			s.group = newGrouper(s.send)
 		}
 		rec.mu.Lock()
-		rec.sqls, rec.errs = nil, nil
+		rec.sqls, rec.args, rec.errs = nil, nil, nil
 		rec.mu.Unlock()
 		id := idemstore.Identity{Scope: "s", Endpoint: "POST /v1/payments", Key: "traced"}
 		if grouped {
@@ -93,6 +97,22 @@ func TestTracerSeesStatements(t *testing.T) {
 		for i, err := range errs {
 			if err != nil {
 				t.Errorf("grouped %v: statement %d traced with error %v", grouped, i, err)
+			}
+		}
+		rec.mu.Lock()
+		args := slices.Clone(rec.args)
+		rec.mu.Unlock()
+		for i, a := range args {
+			if len(a) < 3 || a[0] != id.Scope {
+				t.Errorf("grouped %v: statement %d traced with arguments %v, want the scope %q first", grouped, i, a, id.Scope)
+			}
+			for j, v := range a {
+				switch v := v.(type) {
+				case *string, *time.Time, *time.Duration:
+					if !reflect.ValueOf(v).IsNil() {
+						t.Errorf("grouped %v: statement %d traced with argument %d a pointer, %T", grouped, i, j, v)
+					}
+				}
 			}
 		}
 	}
@@ -143,6 +163,7 @@ func TestEncodeAsPgx(t *testing.T) {
 	t.Parallel()
 	status, header := int32(201), `{"a":["b"]}`
 	when := time.Date(2026, 11, 27, 13, 31, 52, 123456789, time.FixedZone("x", 3600))
+	dur := 90*time.Minute + 7*time.Microsecond
 	tests := []struct {
 		name string
 		oid  uint32
@@ -155,7 +176,11 @@ func TestEncodeAsPgx(t *testing.T) {
 		{"empty pointed text", pgtype.TextOID, new(string)},
 		{"time", pgtype.TimestamptzOID, when},
 		{"time before 2000", pgtype.TimestamptzOID, time.Date(1999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
+		{"pointed time", pgtype.TimestamptzOID, &when},
+		{"nil time", pgtype.TimestamptzOID, (*time.Time)(nil)},
 		{"duration", pgtype.IntervalOID, 36*time.Hour + 1500*time.Nanosecond},
+		{"pointed duration", pgtype.IntervalOID, &dur},
+		{"nil duration", pgtype.IntervalOID, (*time.Duration)(nil)},
 		{"negative duration", pgtype.IntervalOID, -90 * time.Second},
 		{"true", pgtype.BoolOID, true},
 		{"false", pgtype.BoolOID, false},

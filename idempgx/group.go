@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/idemstore"
+	"github.com/idem-dev/idem/internal/deadline"
 )
 
 // maxGroup bounds the calls of one group.
@@ -74,12 +75,39 @@ type groupCall struct {
 	wake chan bool
 }
 
-// queue adds c's statements to b.
+// queue adds c's statements to b, with plain arguments (see plainArgs).
 func (c *groupCall) queue(b *pgx.Batch) {
-	b.Queue(c.sql, c.args...)
+	args := plainArgs(c.args)
+	b.Queue(c.sql, args...)
 	if c.find != "" {
-		b.Queue(c.find, c.args[:reserveFindArgs]...)
+		b.Queue(c.find, args[:reserveFindArgs]...)
 	}
+}
+
+// plainArgs returns a copy of args in which the pointers the store passes
+// to spare an allocation per argument (to a string, a time, a duration)
+// are replaced by what they point to: what a tracer shows and pgx's own
+// statements take, as before the pointers. A nil pointer stays (NULL).
+func plainArgs(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case *string:
+			if v != nil {
+				a = *v
+			}
+		case *time.Time:
+			if v != nil {
+				a = *v
+			}
+		case *time.Duration:
+			if v != nil {
+				a = *v
+			}
+		}
+		out[i] = a
+	}
+	return out
 }
 
 // alone runs c's statements by themselves on pool.
@@ -184,28 +212,32 @@ func (g *grouper) alone(ctx context.Context, c *groupCall) error {
 // send runs group and sets every call's err. A group of one is a plain
 // statement on ctx; a larger one runs on a context that ends at the latest
 // deadline of its calls (leader's ctx values, none of its cancellation: the
-// other calls wait for it).
+// other calls wait for it), an alarm of the process's shared list rather
+// than a runtime timer and a cancellation context of its own (see
+// internal/deadline).
 func (g *grouper) send(ctx context.Context, group []*groupCall) {
 	if len(group) == 1 {
 		c := group[0]
 		c.err = g.alone(ctx, c)
 		return
 	}
-	gctx := context.WithoutCancel(ctx)
-	var deadline time.Time
+	var latest time.Time
 	for _, c := range group {
 		if !c.hasDeadline {
-			deadline = time.Time{}
+			latest = time.Time{}
 			break
 		}
-		if c.deadline.After(deadline) {
-			deadline = c.deadline
+		if c.deadline.After(latest) {
+			latest = c.deadline
 		}
 	}
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		gctx, cancel = context.WithDeadline(gctx, deadline)
-		defer cancel()
+	var gctx context.Context
+	if latest.IsZero() {
+		gctx = context.WithoutCancel(ctx)
+	} else {
+		var release func()
+		gctx, release = deadline.WithTimeout(deadline.Wall, ctx, time.Until(latest))
+		defer release()
 	}
 	slices.SortFunc(group, func(a, b *groupCall) int {
 		return cmp.Or(strings.Compare(a.id.Scope, b.id.Scope),

@@ -204,3 +204,38 @@ func TestGroupCommitCanceledWhileQueued(t *testing.T) {
 		t.Errorf("after every call: %d flights in use, %d calls queued; want none", g.active, len(g.queue))
 	}
 }
+
+// TestGroupCommitGroupEndsAtLatestDeadline checks that a group whose
+// statements outlast every call's deadline ends at the latest of them: not
+// at the leader's, not never.
+func TestGroupCommitGroupEndsAtLatestDeadline(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	g := newGrouper(s.send)
+	g.flights = 1
+	start := time.Now()
+	deadlines := []time.Duration{700 * time.Millisecond, 1200 * time.Millisecond}
+	errs := groupOf(t, g, []func(context.Context) error{
+		func(ctx context.Context) error {
+			ctx, cancel := context.WithDeadline(ctx, start.Add(deadlines[0]))
+			defer cancel()
+			var one int
+			return g.queryRow(ctx, idemstore.Identity{Key: "a"}, `SELECT 1 FROM pg_sleep(10)`, []any{&one})
+		},
+		func(ctx context.Context) error {
+			ctx, cancel := context.WithDeadline(ctx, start.Add(deadlines[1]))
+			defer cancel()
+			var one int
+			return g.queryRow(ctx, idemstore.Identity{Key: "b"}, `SELECT 1 FROM pg_sleep(10)`, []any{&one})
+		},
+	})
+	took := time.Since(start)
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("call %d: no error, want its group's timeout", i)
+		}
+	}
+	if took < deadlines[1] || took > deadlines[1]+3*time.Second {
+		t.Errorf("the group ended after %v, want soon after the latest deadline, %v", took, deadlines[1])
+	}
+}

@@ -191,9 +191,18 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	lockedUntil := now.Add(p.Lease).Truncate(time.Microsecond)
 	expiresAt := now.Add(p.TTL).Truncate(time.Microsecond)
 	ttl := p.TTL.Truncate(time.Microsecond)
-	// The first four are find's (reserveFindArgs).
-	args := []any{p.Scope, p.Endpoint, p.Key, p.Token, p.Fingerprint, now,
-		lockedUntil, expiresAt, string(les), ttl}
+	// The arguments point into p and into a: an interface holding a
+	// string, a time or a duration would be an allocation each. The first
+	// four are find's (reserveFindArgs).
+	a := &struct {
+		now, lockedUntil, expiresAt time.Time
+		les                         string
+		ttl                         time.Duration
+		args                        [10]any
+	}{now: now, lockedUntil: lockedUntil, expiresAt: expiresAt, les: string(les), ttl: ttl}
+	a.args = [10]any{&p.Scope, &p.Endpoint, &p.Key, &p.Token, &p.Fingerprint, &a.now,
+		&a.lockedUntil, &a.expiresAt, &a.les, &a.ttl}
+	args := a.args[:]
 	sql := s.q.reserve
 	for range maxReserveTries {
 		var reserved bool
@@ -210,7 +219,7 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		} else {
 			rs = new(recordScan)
 			dest := rs.dest(new(bool))
-			err = s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			err = s.pool.QueryRow(ctx, sql, plainArgs(args)...).Scan(dest...)
 			reserved = *dest[0].(*bool)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -321,11 +330,15 @@ func (s *Store) complete(ctx context.Context, q querier, p *idemstore.CompletePa
 	if err != nil {
 		return err
 	}
-	now := s.now()
+	// The arguments point into p and into a (see KeyReserve).
+	a := &struct {
+		now  time.Time
+		args [9]any
+	}{now: s.now()}
+	a.args = [9]any{&p.Scope, &p.Endpoint, &p.Key, &p.Token, &a.now,
+		resp.status, resp.header, resp.body, resp.notReplayable}
 	var notified int64
-	return s.fencedRow(ctx, q, p.Identity, s.q.complete, []any{&notified},
-		p.Scope, p.Endpoint, p.Key, p.Token, now,
-		resp.status, resp.header, resp.body, resp.notReplayable)
+	return s.fencedRow(ctx, q, p.Identity, s.q.complete, []any{&notified}, a.args[:]...)
 }
 
 // KeyRelease moves an in_progress or unknown record to released when the
@@ -403,7 +416,7 @@ func (s *Store) fencedRow(ctx context.Context, q querier, id idemstore.Identity,
 	case q == querier(s.pool):
 		err = (&groupCall{id: id, sql: sql, args: args, dest: dest}).alone(ctx, s.send)
 	default:
-		err = q.QueryRow(ctx, sql, args...).Scan(dest...)
+		err = q.QueryRow(ctx, sql, plainArgs(args)...).Scan(dest...)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemstore.ErrLeaseLost

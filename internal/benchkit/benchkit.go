@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,4 +101,15 @@ func (r *Recorder[T]) Record(f func()) []T {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.seen
+}
+
+// Parallelism returns def, or the value of IDEM_BENCH_PARALLELISM when it
+// is a positive integer: the b.SetParallelism of the benchmarks that take
+// it, so that a run can put another number of requests in flight (16 on
+// two processors, say) without editing them.
+func Parallelism(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_BENCH_PARALLELISM")); err == nil && n > 0 {
+		return n
+	}
+	return def
 }

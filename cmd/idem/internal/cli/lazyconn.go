@@ -5,11 +5,15 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/idem-dev/idem/internal/rawio"
 )
 
 // lazyListener gives net/http connections whose read deadline reaches the
 // connection only when it matters: at the next read, or at once when a
-// read is in flight (see lazyConn).
+// read is in flight (see lazyConn), and which read and write as raw system
+// calls (rawio: each read and write would otherwise wake the runtime's
+// monitor thread whenever the server was idle a moment).
 type lazyListener struct{ net.Listener }
 
 func (l lazyListener) Accept() (net.Conn, error) {
@@ -17,7 +21,7 @@ func (l lazyListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &lazyConn{Conn: c}, nil
+	return &lazyConn{Conn: rawio.Wrap(c)}, nil
 }
 
 // lazyConn keeps the read deadline asked for until the connection is read:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/internal/deadline"
+	"github.com/idem-dev/idem/internal/rawio"
 )
 
 // A protected request is sent under its attempt's lease: the proxy never
@@ -189,13 +190,14 @@ func gateOf(c net.Conn) *gatedConn {
 	return g
 }
 
-// gatedDialer wraps dial so that the connections it makes are gated.
+// gatedDialer wraps dial so that the connections it makes are gated, and
+// read and write as raw system calls (rawio, as the server's connections).
 func gatedDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &gatedConn{Conn: c}, nil
+		return &gatedConn{Conn: rawio.Wrap(c)}, nil
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -387,5 +388,36 @@ func TestPostgresDialErrorSaidOnce(t *testing.T) {
 		if n := strings.Count(msg, "connection refused"); n != 1 {
 			t.Errorf("error says the dial failure %d times, want once:\n%s", n, msg)
 		}
+	}
+}
+
+// TestPostgresDialsRaw: the pool's connections are rawio's, and a failed
+// dial is still the dialer's error.
+func TestPostgresDialsRaw(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	pcfg, _, err := ParsePostgres("postgres://u@" + ln.Addr().String() + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pcfg.ConnConfig.DialFunc(t.Context(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, plain := c.(*net.TCPConn); plain && runtime.GOOS == "linux" {
+		t.Error("the pool dials plain TCP connections, want rawio's")
+	}
+	if _, err := pcfg.ConnConfig.DialFunc(t.Context(), "tcp", closedAddr(t)); err == nil {
+		t.Error("dialing a closed port succeeded")
 	}
 }

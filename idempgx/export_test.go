@@ -1,0 +1,4 @@
+package idempgx
+
+// RawDial is rawDial, for the external tests.
+var RawDial = rawDial
