@@ -12,7 +12,7 @@ func setPdeathsig(cmd *exec.Cmd) {
 
 // Freeze stops the server with SIGSTOP: it holds its connections and
 // answers nothing, as a replica stuck behind a slow disk or network.
-func (s *Server) Freeze() { s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *Server) Freeze() { s.Signal(syscall.SIGSTOP) }
 
 // Thaw resumes a frozen server with SIGCONT.
-func (s *Server) Thaw() { s.cmd.Process.Signal(syscall.SIGCONT) }
+func (s *Server) Thaw() { s.Signal(syscall.SIGCONT) }

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,8 +36,19 @@ type Server struct {
 	Dir  string
 	t    testing.TB
 	args []string
+	// mu guards cmd and done, which Restart replaces while a fault
+	// injector may kill or signal the server from another goroutine.
+	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+}
+
+// proc returns the running (or last) process and the channel closed when
+// it exits; both nil before the first start.
+func (s *Server) proc() (*exec.Cmd, chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd, s.done
 }
 
 // Start starts redis-server on a free loopback port, without persistence
@@ -84,7 +96,9 @@ func (s *Server) run() error {
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
 	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
 	client := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -123,30 +137,32 @@ func (s *Server) Log() string {
 // Kill sends SIGKILL, as a crash would, and waits until the process is
 // gone. It does nothing when the server is not running.
 func (s *Server) Kill() {
-	if s.cmd == nil {
+	cmd, done := s.proc()
+	if cmd == nil {
 		return
 	}
 	select {
-	case <-s.done:
+	case <-done:
 		return
 	default:
 	}
-	s.cmd.Process.Kill()
-	<-s.done
+	cmd.Process.Kill()
+	<-done
 }
 
 // Signal sends sig to the server (SIGSTOP: a stalled server, SIGCONT: it
 // goes on). It does nothing when the server is not running.
 func (s *Server) Signal(sig os.Signal) error {
-	if s.cmd == nil {
+	cmd, done := s.proc()
+	if cmd == nil {
 		return nil
 	}
 	select {
-	case <-s.done:
+	case <-done:
 		return nil
 	default:
 	}
-	return s.cmd.Process.Signal(sig)
+	return cmd.Process.Signal(sig)
 }
 
 // Restart starts the server again, after Kill, on the same port, directory
