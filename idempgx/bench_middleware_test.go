@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idempgx"
 	"github.com/idem-dev/idem/internal/benchkit"
+	"github.com/idem-dev/idem/internal/rawio"
 	"github.com/idem-dev/idem/internal/testenv"
 )
 
@@ -97,7 +98,7 @@ func newPGBenchWith(b *testing.B, groupCommit bool) *pgBench {
 		b.Fatal(err)
 	}
 	cfg.MaxConns = pgBenchConns
-	cfg.ConnConfig.DialFunc = idempgx.RawDial(cfg.ConnConfig.DialFunc)
+	cfg.ConnConfig.DialFunc = rawio.Dial(cfg.ConnConfig.DialFunc)
 	tcfg := cfg.Copy()
 	rec := &sqlRecorder{}
 	tcfg.ConnConfig.Tracer = rec

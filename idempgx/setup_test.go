@@ -4,14 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-dev/idem/internal/rawio"
@@ -48,27 +46,17 @@ func testPool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("parsing %s: %v", url, err)
 	}
 	cfg.MaxConns = 10
-	cfg.ConnConfig.DialFunc = rawDial(cfg.ConnConfig.DialFunc)
+	// Read and written as raw system calls, as idem proxy's pools are (see
+	// cmd/idem's storeurl): the tests and benchmarks on the shared pool and
+	// the middleware benchmarks run over them; the direct-path tests' own
+	// pools over net's.
+	cfg.ConnConfig.DialFunc = rawio.Dial(cfg.ConnConfig.DialFunc)
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("connecting: %v", err)
 	}
 	pool = p
 	return pool
-}
-
-// rawDial returns dial with its connections read and written as raw
-// system calls, as idem proxy's pools do (see cmd/idem's storeurl): the
-// tests and benchmarks on the shared pool and the middleware benchmarks
-// run over them; the direct-path tests' own pools over net's.
-func rawDial(dial pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return rawio.Wrap(c), nil
-	}
 }
 
 // newSchemaName returns a random schema name for one test.

@@ -21,7 +21,10 @@
 // as net's.
 package rawio
 
-import "net"
+import (
+	"context"
+	"net"
+)
 
 // Wrap returns c with Read and Write issued as raw system calls, when c is
 // a socket of this platform's net package (a *net.TCPConn or
@@ -30,4 +33,16 @@ import "net"
 // methods are not there.
 func Wrap(c net.Conn) net.Conn {
 	return wrap(c)
+}
+
+// Dial returns dial with the connections it makes wrapped by Wrap; a
+// failed dial's error is dial's. It fits pgconn.DialFunc.
+func Dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return Wrap(c), nil
+	}
 }

@@ -1,4 +1,0 @@
-package idempgx
-
-// RawDial is rawDial, for the external tests.
-var RawDial = rawDial
