@@ -12,17 +12,14 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
+
+	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 )
 
 func main() {
@@ -34,8 +31,6 @@ func main() {
 	if err != nil || target.Host == "" {
 		log.Fatalf("--upstream %q: want an http URL", *upstream)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
@@ -59,13 +54,6 @@ func main() {
 		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		Transport: t,
 	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
 	log.Printf("bare proxy listening on %s, forwarding to %s", ln.Addr(), target)
-	if err := srv.Serve(ln); err != http.ErrServerClosed {
-		log.Fatal(err)
-	}
+	loadgen.Serve(ln, rp)
 }

@@ -11,16 +11,13 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"io"
 	"log"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
+
+	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 )
 
 // body is the upstream's answer to the benchmark's request.
@@ -29,21 +26,12 @@ var body = []byte(`{"method":"POST","path":"/v1/payments","body":{"customer_id":
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9002", "`ADDR` to serve on")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(answer), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
 	log.Printf("static listening on %s", ln.Addr())
-	if err := srv.Serve(ln); err != http.ErrServerClosed {
-		log.Fatal(err)
-	}
+	loadgen.Serve(ln, http.HandlerFunc(answer))
 }
 
 // answer drains the request's body and writes the constant response.

@@ -9,37 +9,25 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"io"
 	"log"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
+
+	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "`ADDR` to serve on")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(answer), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
 	log.Printf("upstream listening on %s", ln.Addr())
-	if err := srv.Serve(ln); err != http.ErrServerClosed {
-		log.Fatal(err)
-	}
+	loadgen.Serve(ln, http.HandlerFunc(answer))
 }
 
 // maxEcho bounds the body read and echoed.
