@@ -19,8 +19,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem/internal/testenv"
 )
@@ -38,6 +40,10 @@ type Cluster struct {
 	asUser []string // command prefix that runs as the cluster's owner
 	uid    int      // the owner, when the tests run as root
 	gid    int
+
+	// mu serializes Start and Crash: a fault campaign heals one crash
+	// (Start) in its own goroutine while it may inject the next (Crash).
+	mu sync.Mutex
 }
 
 // Start creates a primary with the newest PostgreSQL of
@@ -92,12 +98,11 @@ func newCluster(t testing.TB) *Cluster {
 		}
 		c.asUser = []string{runuser, "-u", "postgres", "--"}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.ServerPort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	c.Port = port
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
 	t.Cleanup(func() {
 		// It fails when the test left the cluster stopped.
@@ -125,8 +130,19 @@ func (c *Cluster) run(name string, args ...string) {
 	c.t.Helper()
 	argv := c.command(name, args...)
 	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
-		c.t.Fatalf("%s: %v\n%s", name, err, out)
+		c.t.Fatalf("%s: %v\n%s\n%s", name, err, out, c.logTail())
 	}
+}
+
+// logTail returns the last lines of the server's log, to say why a
+// command failed.
+func (c *Cluster) logTail() string {
+	logged, err := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	if err != nil {
+		return "the server's log: " + err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(logged)), "\n")
+	return "the server's log ends:\n" + strings.Join(lines[max(0, len(lines)-15):], "\n")
 }
 
 // appendConf appends lines to postgresql.conf (read at the next start or
@@ -156,17 +172,72 @@ func (c *Cluster) Configure(lines ...string) {
 	c.run("pg_ctl", "-D", c.Data(), "reload")
 }
 
-// Start starts the server and waits until it accepts connections.
+// Start starts the server and waits until it accepts connections. It does
+// nothing when the server runs already.
 func (c *Cluster) Start() {
 	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running() {
+		return
+	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 -c shared_buffers=16MB", c.Port, c.dir)
-	c.run("pg_ctl", "-D", c.Data(), "-l", filepath.Join(c.dir, "server.log"), "-o", opts, "-w", "-t", "60", "start")
+	argv := c.command("pg_ctl", "-D", c.Data(), "-l", filepath.Join(c.dir, "server.log"), "-o", opts, "-w", "-t", "60", "start")
+	// pg_ctl can give up on a start right after a crash (seen on a loaded
+	// machine: "stopped waiting") while the server it launched goes on and
+	// accepts connections; a start that failed is tried again only when no
+	// server runs.
+	var out []byte
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(time.Second)
+		}
+		if out, err = exec.Command(argv[0], argv[1:]...).CombinedOutput(); err == nil {
+			return
+		}
+		if c.waitRunning(10 * time.Second) {
+			return
+		}
+	}
+	c.t.Fatalf("pg_ctl: %v\n%s\n%s", err, out, c.logTail())
+}
+
+// running reports whether the server's postmaster runs (pg_ctl status).
+func (c *Cluster) running() bool {
+	argv := c.command("pg_ctl", "-D", c.Data(), "status")
+	return exec.Command(argv[0], argv[1:]...).Run() == nil
+}
+
+// waitRunning waits up to d for the server to run and accept connections
+// (pg_isready).
+func (c *Cluster) waitRunning(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if c.running() {
+			argv := c.command("pg_isready", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port))
+			if exec.Command(argv[0], argv[1:]...).Run() == nil {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Crash stops the server at once, as a crash would: connections are cut
 // and nothing is flushed or checkpointed.
+// It does nothing when the server is down already (a fault campaign's
+// crashes may overlap).
 func (c *Cluster) Crash() {
 	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.running() {
+		return
+	}
 	c.Signal(syscall.SIGCONT) // a stopped server cannot shut down
 	c.run("pg_ctl", "-D", c.Data(), "-m", "immediate", "-w", "stop")
 }
