@@ -36,8 +36,12 @@ type Server struct {
 	Dir  string
 	t    testing.TB
 	args []string
-	// mu guards cmd and done, which Restart replaces while a fault
-	// injector may kill or signal the server from another goroutine.
+	// op serializes Kill and Restart: a fault campaign heals one crash
+	// (Restart) in its own goroutine while it may inject the next (Kill),
+	// and a kill amid a restart would look like a server that failed to
+	// start. mu guards cmd and done, which a restart replaces while a
+	// fault injector may signal the server from another goroutine.
+	op   sync.Mutex
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -117,7 +121,7 @@ func (s *Server) run() error {
 	default:
 	}
 	if err != nil {
-		s.Kill()
+		s.kill()
 		return fmt.Errorf("redis-server %s does not answer: %w", s.Addr, err)
 	}
 	return nil
@@ -137,6 +141,27 @@ func (s *Server) Log() string {
 // Kill sends SIGKILL, as a crash would, and waits until the process is
 // gone. It does nothing when the server is not running.
 func (s *Server) Kill() {
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.kill()
+}
+
+// running reports whether the server's process runs.
+func (s *Server) running() bool {
+	cmd, done := s.proc()
+	if cmd == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill is Kill without taking op.
+func (s *Server) kill() {
 	cmd, done := s.proc()
 	if cmd == nil {
 		return
@@ -169,6 +194,11 @@ func (s *Server) Signal(sig os.Signal) error {
 // and arguments: what it persisted, it reads back.
 func (s *Server) Restart() {
 	s.t.Helper()
+	s.op.Lock()
+	defer s.op.Unlock()
+	if s.running() {
+		return // a campaign's crashes may overlap: this one found it up
+	}
 	if err := s.run(); err != nil {
 		s.t.Fatal(err)
 	}
