@@ -297,6 +297,9 @@ func (c *campaign) inject(schedule []PlannedFault, up *Upstream, w *Workload) {
 	t := c.t
 	begin := time.Now()
 	var heals sync.WaitGroup
+	// A fault that fails the test with t.Fatal ends inject early: the
+	// heals still under way finish before the test does, since they log.
+	defer heals.Wait()
 	for _, f := range schedule {
 		if d := time.Until(begin.Add(f.At)); d > 0 {
 			time.Sleep(d) // the schedule runs on real time
