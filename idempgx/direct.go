@@ -328,7 +328,7 @@ func forgetStatements(ctx context.Context, pc *pgx.Conn, err error, calls []*gro
 	}
 }
 
-// directResults reads the results of a batch execCalls sent, one statement
+// directResults reads the results of a batch exec sent, one statement
 // after the other.
 type directResults struct {
 	mrr     *pgconn.MultiResultReader

@@ -19,18 +19,17 @@ func wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	r := &conn{Conn: c, rc: rc}
-	r.r.fn = r.r.read
-	r.w.fn = r.w.write
+	r := &conn{Conn: c}
+	r.r.fn, r.r.wait = r.r.read, rc.Read
+	r.w.fn, r.w.wait = r.w.write, rc.Write
 	return r
 }
 
 // conn is a socket whose reads and writes are raw system calls.
 type conn struct {
 	net.Conn
-	rc syscall.RawConn
-	r  call // reads, one at a time
-	w  call // writes, one at a time
+	r call // reads, one at a time
+	w call // writes, one at a time
 }
 
 // call is one direction's system call, its arguments and its outcome, kept
@@ -38,7 +37,8 @@ type conn struct {
 // syscall.RawConn would escape).
 type call struct {
 	mu    sync.Mutex
-	fn    func(fd uintptr) bool // read or write, bound once
+	fn    func(fd uintptr) bool             // read or write, bound once
+	wait  func(func(fd uintptr) bool) error // the RawConn's Read or Write
 	buf   []byte
 	n     int
 	errno syscall.Errno
@@ -77,17 +77,23 @@ func (c *call) write(fd uintptr) bool {
 	return true
 }
 
+// do runs the call on b, through the RawConn that waits for the socket to
+// be ready, and returns what it did.
+func (c *call) do(b []byte) (int, syscall.Errno, error) {
+	c.mu.Lock()
+	c.buf, c.n, c.errno = b, 0, 0
+	err := c.wait(c.fn)
+	n, errno := c.n, c.errno
+	c.buf = nil
+	c.mu.Unlock()
+	return n, errno, err
+}
+
 func (c *conn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return c.Conn.Read(b)
 	}
-	r := &c.r
-	r.mu.Lock()
-	r.buf, r.n, r.errno = b, 0, 0
-	err := c.rc.Read(r.fn)
-	n, errno := r.n, r.errno
-	r.buf = nil
-	r.mu.Unlock()
+	n, errno, err := c.r.do(b)
 	switch {
 	case err != nil:
 		return 0, c.opError("read", err)
@@ -103,13 +109,7 @@ func (c *conn) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return c.Conn.Write(b)
 	}
-	w := &c.w
-	w.mu.Lock()
-	w.buf, w.n, w.errno = b, 0, 0
-	err := c.rc.Write(w.fn)
-	n, errno := w.n, w.errno
-	w.buf = nil
-	w.mu.Unlock()
+	n, errno, err := c.w.do(b)
 	switch {
 	case err != nil:
 		return n, c.opError("write", err)

@@ -84,7 +84,7 @@ func Start(t testing.TB) *Server {
 		t.Fatal(err)
 	}
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := testenv.ServerPort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,14 +175,4 @@ func (s *Server) Restart() {
 	if err := s.start(); err != nil {
 		s.t.Fatal(err)
 	}
-}
-
-// freePort returns a TCP port that was free on the loopback address.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -137,12 +137,11 @@ func (c *Cluster) run(name string, args ...string) {
 // logTail returns the last lines of the server's log, to say why a
 // command failed.
 func (c *Cluster) logTail() string {
-	logged, err := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	lines, err := c.lastLogLines(15)
 	if err != nil {
 		return "the server's log: " + err.Error()
 	}
-	lines := strings.Split(strings.TrimSpace(string(logged)), "\n")
-	return "the server's log ends:\n" + strings.Join(lines[max(0, len(lines)-15):], "\n")
+	return "the server's log ends:\n" + lines
 }
 
 // appendConf appends lines to postgresql.conf (read at the next start or
@@ -303,10 +302,19 @@ func (c *Cluster) Signal(sig syscall.Signal) {
 
 // Log returns the last lines of the server's log.
 func (c *Cluster) Log() string {
-	b, err := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	lines, err := c.lastLogLines(20)
 	if err != nil {
 		return err.Error()
 	}
+	return lines
+}
+
+// lastLogLines returns the last n lines of the server's log.
+func (c *Cluster) lastLogLines(n int) (string, error) {
+	b, err := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	if err != nil {
+		return "", err
+	}
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n"), nil
 }

@@ -47,14 +47,6 @@ type Server struct {
 	done chan struct{}
 }
 
-// proc returns the running (or last) process and the channel closed when
-// it exits; both nil before the first start.
-func (s *Server) proc() (*exec.Cmd, chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cmd, s.done
-}
-
 // Start starts redis-server on a free loopback port, without persistence
 // unless extra says otherwise (later arguments win: "--appendonly", "yes"
 // turns the append-only file on), and waits until it answers PING.
@@ -146,48 +138,44 @@ func (s *Server) Kill() {
 	s.kill()
 }
 
-// running reports whether the server's process runs.
-func (s *Server) running() bool {
-	cmd, done := s.proc()
+// live returns the server's process and the channel closed when it exits
+// while the process runs; nil otherwise.
+func (s *Server) live() (*exec.Cmd, chan struct{}) {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
 	if cmd == nil {
-		return false
+		return nil, nil
 	}
 	select {
 	case <-done:
-		return false
+		return nil, nil
 	default:
-		return true
+		return cmd, done
 	}
+}
+
+// running reports whether the server's process runs.
+func (s *Server) running() bool {
+	cmd, _ := s.live()
+	return cmd != nil
 }
 
 // kill is Kill without taking op.
 func (s *Server) kill() {
-	cmd, done := s.proc()
-	if cmd == nil {
-		return
+	if cmd, done := s.live(); cmd != nil {
+		cmd.Process.Kill()
+		<-done
 	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	cmd.Process.Kill()
-	<-done
 }
 
 // Signal sends sig to the server (SIGSTOP: a stalled server, SIGCONT: it
 // goes on). It does nothing when the server is not running.
 func (s *Server) Signal(sig os.Signal) error {
-	cmd, done := s.proc()
-	if cmd == nil {
-		return nil
+	if cmd, _ := s.live(); cmd != nil {
+		return cmd.Process.Signal(sig)
 	}
-	select {
-	case <-done:
-		return nil
-	default:
-	}
-	return cmd.Process.Signal(sig)
+	return nil
 }
 
 // Restart starts the server again, after Kill, on the same port, directory

@@ -234,14 +234,20 @@ func (c *campaign) run() result {
 	workDone := make(chan struct{})
 	go func() { w.Run(ctx, stop); close(workDone) }()
 
-	// Progress while the faults run.
-	progressDone := make(chan struct{})
+	// Progress while the faults run. The logger stops, and is waited for,
+	// before run returns on any path: a fault that fails the test with
+	// t.Fatal must not leave it logging after the test has ended (which
+	// panics).
+	progressStop, progressDone := make(chan struct{}), make(chan struct{})
+	stopProgress := sync.OnceFunc(func() { close(progressStop); <-progressDone })
+	defer stopProgress()
 	go func() {
+		defer close(progressDone)
 		tick := time.NewTicker(5 * time.Second)
 		defer tick.Stop()
 		for {
 			select {
-			case <-progressDone:
+			case <-progressStop:
 				return
 			case <-tick.C:
 				ops, done, _ := w.Stats()
@@ -256,7 +262,7 @@ func (c *campaign) run() result {
 	close(stop)
 	c.logf("faults over; the clients finish their operations")
 	<-workDone
-	close(progressDone)
+	stopProgress()
 	for _, p := range c.proxies {
 		if !p.running() {
 			t.Errorf("%s is not running after the faults:\n%s", p.name, tail(p.output(), 30))
@@ -291,6 +297,9 @@ func (c *campaign) inject(schedule []PlannedFault, up *Upstream, w *Workload) {
 	t := c.t
 	begin := time.Now()
 	var heals sync.WaitGroup
+	// A fault that fails the test with t.Fatal ends inject early: the
+	// heals still under way finish before the test does, since they log.
+	defer heals.Wait()
 	for _, f := range schedule {
 		if d := time.Until(begin.Add(f.At)); d > 0 {
 			time.Sleep(d) // the schedule runs on real time

@@ -5,7 +5,6 @@ package chaos
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/idembin"
+	"github.com/idem-dev/idem/internal/testenv"
 )
 
 var (
@@ -44,40 +44,6 @@ func proxyHasFlag(t *testing.T, flag string) bool {
 	return strings.Contains(helpText, "-"+flag+" ")
 }
 
-// freePort returns a loopback port that was free a moment ago, below the
-// kernel's range of ephemeral ports: a process the campaign restarts on the
-// same port must not find it taken, while it was down, as the source port
-// of some other connection (seen in ten-minute runs side by side: "bind:
-// address already in use" for seconds, until the connection closed).
-func freePort(t *testing.T) int {
-	t.Helper()
-	lo := ephemeralLow()
-	for range 200 {
-		port := 10000 + rand.IntN(lo-10000)
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err == nil {
-			ln.Close()
-			return port
-		}
-	}
-	t.Fatalf("no free port in 10000-%d", lo)
-	return 0
-}
-
-// ephemeralLow returns the first port of the kernel's ephemeral range
-// (ip_local_port_range), or 32768, Linux's default, when it cannot be read.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 10100 {
-				return lo
-			}
-		}
-	}
-	return 32768
-}
-
 // proc is a server process the campaign kills, stops and restarts: it
 // listens on the same port every time, its output appended to one log.
 type proc struct {
@@ -98,7 +64,14 @@ type proc struct {
 }
 
 func newProc(t *testing.T, name, logPath string, env []string, argv ...string) *proc {
-	p := &proc{t: t, name: name, argv: argv, env: env, port: freePort(t), log: logPath}
+	// Below the ephemeral range (testenv.ServerPort): while the proxy is
+	// down, another connection could take a port from that range as its
+	// source port, and the restart would not bind it.
+	port, err := testenv.ServerPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: name, argv: argv, env: env, port: port, log: logPath}
 	t.Cleanup(p.kill)
 	return p
 }

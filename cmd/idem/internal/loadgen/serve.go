@@ -11,6 +11,16 @@ import (
 	"time"
 )
 
+// Listen listens on addr (TCP), and ends the process with the error if it
+// cannot.
+func Listen(addr string) net.Listener {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return ln
+}
+
 // Serve serves h on ln until the process receives SIGINT or SIGTERM, and
 // ends the process with the error if serving fails otherwise: the helper
 // servers of the benchmarks (upstream, bareproxy, static) run this way.

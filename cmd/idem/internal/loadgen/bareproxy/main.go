@@ -14,7 +14,6 @@ package main
 import (
 	"flag"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -31,10 +30,7 @@ func main() {
 	if err != nil || target.Host == "" {
 		log.Fatalf("--upstream %q: want an http URL", *upstream)
 	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		log.Fatal(err)
-	}
+	ln := loadgen.Listen(*listen)
 	// The same transport as idem proxy's: http.DefaultTransport keeps only
 	// two idle connections per host, which would make the baseline open a
 	// connection for most requests under load.

@@ -14,7 +14,6 @@ import (
 	"flag"
 	"io"
 	"log"
-	"net"
 	"net/http"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
@@ -26,10 +25,7 @@ var body = []byte(`{"method":"POST","path":"/v1/payments","body":{"customer_id":
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9002", "`ADDR` to serve on")
 	flag.Parse()
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		log.Fatal(err)
-	}
+	ln := loadgen.Listen(*listen)
 	log.Printf("static listening on %s", ln.Addr())
 	loadgen.Serve(ln, http.HandlerFunc(answer))
 }

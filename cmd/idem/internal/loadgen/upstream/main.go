@@ -13,7 +13,6 @@ import (
 	"flag"
 	"io"
 	"log"
-	"net"
 	"net/http"
 
 	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
@@ -22,10 +21,7 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "`ADDR` to serve on")
 	flag.Parse()
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		log.Fatal(err)
-	}
+	ln := loadgen.Listen(*listen)
 	log.Printf("upstream listening on %s", ln.Addr())
 	loadgen.Serve(ln, http.HandlerFunc(answer))
 }
