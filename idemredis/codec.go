@@ -506,34 +506,29 @@ func parseDigits(s string) (int64, bool) {
 	return v, true
 }
 
-// replayable reports whether v, a stored record, is one reserve.lua answers
-// as it is stored at now (Unix microseconds): one its DONE pattern matches
-// (lua/lib.lua: version 2, completed, then a lease_expired_state of
-// lowercase letters and '_' and a locked_until of digits and '-') with an
-// expires_at, the field that follows, of at least now. Anything else, a
-// number Lua would read differently included, is for reserve.lua to
-// decide.
-func replayable(v string, now int64) bool {
-	rest, ok := strings.CutPrefix(v, "2,completed,")
-	if !ok {
+// replayable reports whether f, a stored record, is one reserve.lua
+// answers as it is stored at now (Unix microseconds): one its DONE pattern
+// matches (lua/lib.lua: completed, then a lease_expired_state of lowercase
+// letters and '_' and a locked_until of digits and '-') with an
+// expires_at of at least now. Anything else, a number Lua would read
+// differently included, is for reserve.lua to decide.
+func (f *recordFields) replayable(now int64) bool {
+	if f.state != string(idemstore.StateCompleted) ||
+		!all(f.leaseExpiredState, isLowerOrUnderscore) || !all(f.lockedUntil, isDigitOrMinus) {
 		return false
 	}
-	for _, class := range [...]func(byte) bool{isLowerOrUnderscore, isDigitOrMinus} {
-		i := 0
-		for i < len(rest) && class(rest[i]) {
-			i++
-		}
-		if i == len(rest) || rest[i] != ',' {
+	expiresAt, ok := parseDigits(f.expiresAt)
+	return ok && expiresAt >= now
+}
+
+// all reports whether every byte of s is in class.
+func all(s string, class func(byte) bool) bool {
+	for i := 0; i < len(s); i++ {
+		if !class(s[i]) {
 			return false
 		}
-		rest = rest[i+1:]
 	}
-	end := strings.IndexByte(rest, ',')
-	if end < 0 {
-		return false
-	}
-	expiresAt, ok := parseDigits(rest[:end])
-	return ok && expiresAt >= now
+	return true
 }
 
 func isLowerOrUnderscore(c byte) bool { return 'a' <= c && c <= 'z' || c == '_' }

@@ -43,7 +43,16 @@ type keySlot struct {
 	// when this store last saw it completed (it completed it, or a
 	// reservation found it so), or 0.
 	doneUntil int64
+	// replayed is the record as stored that Store.replay last answered
+	// for id, and replay its answer, when it is at most maxKeptReplay
+	// bytes long; or "" and nil.
+	replayed string
+	replay   *idemstore.ReserveResult
 }
+
+// maxKeptReplay bounds the records a keySlot keeps decoded (keySlot.replay):
+// the slots then hold at most a few MiB, the record and its decoded body.
+const maxKeptReplay = 2048
 
 func (c *keyCache) slot(id idemstore.Identity) *keySlot {
 	return &c.slots[maphash.String(c.seed, id.Key)%uint64(len(c.slots))]
@@ -56,8 +65,36 @@ func (c *keyCache) setWritten(id idemstore.Identity, v string) {
 	slot.mu.Lock()
 	if slot.id == id {
 		slot.written, slot.doneUntil = v, 0
+		slot.replayed, slot.replay = "", nil
 	}
 	slot.mu.Unlock()
+}
+
+// setReplay remembers res as the answer of a replay of id that read v,
+// when id holds its slot and v is short enough to keep.
+func (c *keyCache) setReplay(id idemstore.Identity, v string, res *idemstore.ReserveResult) {
+	if len(v) > maxKeptReplay {
+		return
+	}
+	slot := c.slot(id)
+	slot.mu.Lock()
+	if slot.id == id {
+		slot.replayed, slot.replay = v, res
+	}
+	slot.mu.Unlock()
+}
+
+// lastReplay returns the answer setReplay remembered for id when it read
+// v, or nil.
+func (c *keyCache) lastReplay(id idemstore.Identity, v string) *idemstore.ReserveResult {
+	slot := c.slot(id)
+	slot.mu.Lock()
+	var res *idemstore.ReserveResult
+	if slot.id == id && slot.replayed == v {
+		res = slot.replay
+	}
+	slot.mu.Unlock()
+	return res
 }
 
 // setDone remembers that the record of id was completed, retained until
@@ -142,6 +179,7 @@ func (s *Store) lookupKeys(id idemstore.Identity) (recordKeys, int64) {
 	k = s.newKeys(id)
 	slot.mu.Lock()
 	slot.id, slot.keys, slot.written, slot.doneUntil = id, k, "", 0
+	slot.replayed, slot.replay = "", nil
 	slot.mu.Unlock()
 	return k, 0
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,8 @@ import (
 // expires_at comparison; a comparison that fails in Lua is for the script
 // to report), and no other: any other record goes to the script. An
 // expires_at past parseDigits's 18 digits, which Lua reads as a float, is
-// for the script too.
+// for the script too, and so is a value that is not a whole record (the
+// script would answer it, and KeyReserve fail to decode it).
 func TestReplayableMatchesScript(t *testing.T) {
 	t.Parallel()
 	client := sharedClient(t)
@@ -43,7 +45,6 @@ return 0`)
 		change(&f)
 		return encodeFields(&f)
 	}
-	head := "2,completed,unknown,1764119000000000,"
 	cases := map[string]string{
 		"completed":           encodeFields(full),
 		"in progress":         with(func(f *recordFields) { f.state = "in_progress" }),
@@ -55,14 +56,15 @@ return 0`)
 		"empty lease state":   with(func(f *recordFields) { f.leaseExpiredState = "" }),
 		"letter in lease":     with(func(f *recordFields) { f.lockedUntil = "17641x" }),
 		"negative lease":      with(func(f *recordFields) { f.lockedUntil = "-5" }),
-		"empty expiry":        head + ",3600,",
-		"minus expiry":        head + "-,3600,",
-		"inner minus expiry":  head + "17-1,3600,",
-		"leading zero expiry": head + "0" + full.expiresAt + ",3600,",
-		"19 digits expiry":    head + "1" + full.expiresAt + "000,3600,",
-		"no comma after":      head + full.expiresAt,
+		"empty expiry":        with(func(f *recordFields) { f.expiresAt = "" }),
+		"minus expiry":        with(func(f *recordFields) { f.expiresAt = "-" }),
+		"inner minus expiry":  with(func(f *recordFields) { f.expiresAt = "17-1" }),
+		"leading zero expiry": with(func(f *recordFields) { f.expiresAt = "0" + f.expiresAt }),
+		"negative expiry":     with(func(f *recordFields) { f.expiresAt = "-" + f.expiresAt }),
+		"19 digits expiry":    with(func(f *recordFields) { f.expiresAt = "1" + f.expiresAt + "000" }),
 		"no record":           "",
 		"cut":                 "2,completed,",
+		"head only":           "2,completed,unknown,1764119000000000," + full.expiresAt + ",",
 	}
 	for name, v := range cases {
 		for _, at := range []int64{now - 1, now, now + 1} {
@@ -71,8 +73,9 @@ return 0`)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := replayable(v, at)
-				if name == "19 digits expiry" && !got {
+				var f recordFields
+				got := f.parse(v) == nil && f.replayable(at)
+				if !got && (name == "19 digits expiry" || name == "head only") {
 					return
 				}
 				if got != (lua == 1) {
@@ -263,6 +266,49 @@ func TestReplayStaleGuess(t *testing.T) {
 			t.Fatalf("replay of a hash record = %+v", res.Record)
 		}
 	})
+}
+
+// TestReplayKeepsDecoded checks that a replay of a record unchanged since
+// the last one answers what that one decoded, and that a record changed
+// meanwhile (resealed, or completed again after a purge) is decoded anew;
+// a record too long to keep is decoded every time.
+func TestReplayKeepsDecoded(t *testing.T) {
+	t.Parallel()
+	client := sharedClient(t)
+	s := newTestStore(t, client, time.Now)
+	other := New(client, &Config{Prefix: s.prefix})
+	ctx := t.Context()
+	mustReserve(t, s, reserveParams("t1", idemstore.StateUnknown), true)
+	complete(t, s, "t1", "paid")
+	first := mustReserve(t, s, reserveParams("r", idemstore.StateUnknown), false)
+	if again := mustReserve(t, s, reserveParams("r", idemstore.StateUnknown), false); again != first {
+		t.Fatalf("a replay of an unchanged record decoded it again")
+	}
+	err := other.KeyReseal(ctx, &idemstore.ResealParams{Identity: testID, Token: "t1",
+		Response: &idemstore.Response{Status: 201, Body: []byte("resealed")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := mustReserve(t, s, reserveParams("r", idemstore.StateUnknown), false); string(res.Record.Response.Body) != "resealed" {
+		t.Fatalf("a replay after a reseal answered %q", res.Record.Response.Body)
+	}
+	if _, err := other.KeyPurge(ctx, &idemstore.PurgeParams{Identity: testID}); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, other, reserveParams("t2", idemstore.StateUnknown), true)
+	long := strings.Repeat("x", maxKeptReplay)
+	if err := other.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: "t2",
+		Response: &idemstore.Response{Status: 201, Body: []byte(long)}}); err != nil {
+		t.Fatal(err)
+	}
+	first = mustReserve(t, s, reserveParams("r", idemstore.StateUnknown), false)
+	again := mustReserve(t, s, reserveParams("r", idemstore.StateUnknown), false)
+	if string(first.Record.Response.Body) != long || first.Record.Token != "t2" || !reflect.DeepEqual(again, first) {
+		t.Fatalf("replays of the record completed again = %+v, %+v", first.Record, again.Record)
+	}
+	if again == first {
+		t.Fatalf("a record of more than %d bytes was kept decoded", maxKeptReplay)
+	}
 }
 
 // TestReplayRacesPurge replays a key from many goroutines of one store

@@ -270,15 +270,24 @@ func (s *Store) replay(ctx context.Context, id idemstore.Identity, k *boxedKeys,
 		}
 		v = "" // no record (redis.Nil), or Redis refused the GET
 	}
-	if !replayable(v, now) {
+	if res := s.keys.lastReplay(id, v); res != nil && res.Record.ExpiresAt.UnixMicro() >= now {
+		// The record this store last replayed, unchanged, and still
+		// retained: it was decoded then (ReserveResult's record is
+		// read-only for its callers).
+		return res, nil
+	}
+	var f recordFields
+	if f.parse(v) != nil || !f.replayable(now) {
 		s.keys.setDone(id, 0)
 		return nil, nil
 	}
-	rec, err := decodeShared(v, s.headers)
+	rec, err := f.record(s.headers)
 	if err != nil {
 		return nil, fmt.Errorf("reserving key: %w", err)
 	}
-	return &idemstore.ReserveResult{Record: rec}, nil
+	res := &idemstore.ReserveResult{Record: rec}
+	s.keys.setReplay(id, v, res)
+	return res, nil
 }
 
 // newRecord is the result of a reservation that inserted a new record: the
