@@ -25,13 +25,15 @@ import (
 )
 
 // The Redis benchmarks compare requests through the middleware on idemredis
-// with a bare go-redis loop that runs the same Lua scripts (EVALSHA of the
-// same digests) with the same arguments (the Raw benchmarks).
+// with a bare go-redis loop that sends the same commands (the same Lua
+// scripts, EVALSHA or FCALL of the same digests or functions, with the same
+// arguments) (the Raw benchmarks).
 //
 // As on PostgreSQL, the raw loop copies nothing from the store: a hook on
 // the client records the commands the middleware sends for one request, and
 // the loop sends those, with the time, key, token and the record's key names
-// changed. A new key is two scripts (reserve, complete), a replay one.
+// changed. A new key is two scripts (reserve, complete), a replay of a key
+// the store completed one GET of its record.
 //
 // Both sides run GOMAXPROCS×redisBenchParallelism goroutines on one client.
 // The Raw benchmarks have the two variants of the PostgreSQL ones
@@ -373,9 +375,10 @@ func startRedisWork(b *testing.B, client *redis.Client) *redisWork {
 }
 
 // report reports, per operation: redis-cpu-µs (the server's CPU time),
-// redis-script-µs (the time EVALSHA and EVAL ran, the commands they call
-// included) and redis-calls (the commands the scripts called); it logs
-// the calls of each command and the time they ran, per operation.
+// redis-script-µs (the time EVALSHA, EVAL and FCALL ran, the commands they
+// call included) and redis-calls (the other commands: those the scripts
+// called, and a replay's GET); it logs the calls of each command and the
+// time they ran, per operation.
 func (w *redisWork) report() {
 	if w == nil {
 		return

@@ -133,7 +133,7 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		}
 		return cmd
 	}
-	return s.retrySlot(ctx, func() *redis.Cmd {
+	return retrySlot(ctx, s, func() *redis.Cmd {
 		if s.functions.Load() {
 			cmd := send(argFcall, sc.function)
 			err := cmd.Err()
@@ -161,7 +161,7 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 
 // process sends cmd, in a round trip shared with concurrent calls where
 // the store batches them (see batcher).
-func (s *Store) process(ctx context.Context, cmd *redis.Cmd) {
+func (s *Store) process(ctx context.Context, cmd redis.Cmder) {
 	if s.batch != nil {
 		s.batch.process(ctx, s.client, cmd)
 	} else {

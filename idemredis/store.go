@@ -256,13 +256,14 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 // trip: a stale guess (the record was purged, or is being replaced) costs
 // one.
 func (s *Store) replay(ctx context.Context, id idemstore.Identity, k *boxedKeys, now int64) (*idemstore.ReserveResult, error) {
-	cmd := s.retrySlot(ctx, func() *redis.Cmd {
-		cmd := redis.NewCmd(ctx, argGet, k.record)
+	cmd := retrySlot(ctx, s, func() *redis.StringCmd {
+		// (A StringCmd reads the reply without boxing it.)
+		cmd := redis.NewStringCmd(ctx, argGet, k.record)
 		cmd.SetFirstKeyPos(1)
 		s.process(ctx, cmd)
 		return cmd
 	})
-	v, err := cmd.Text()
+	v, err := cmd.Result()
 	if err != nil {
 		var reply redis.Error
 		if !errors.As(err, &reply) {
