@@ -35,7 +35,7 @@ type batcher struct {
 // batchCall is one queued call. wake is signalled once: when cmd has its
 // reply, or when lead is set (the caller then sends the next batch).
 type batchCall struct {
-	cmd  *redis.Cmd
+	cmd  redis.Cmder
 	wake chan struct{}
 	lead bool
 }
@@ -44,7 +44,7 @@ var batchCalls = sync.Pool{New: func() any { return &batchCall{wake: make(chan s
 
 // process sends cmd on client, in a batch with the calls queued meanwhile,
 // and returns when it has its reply.
-func (b *batcher) process(ctx context.Context, client redis.UniversalClient, cmd *redis.Cmd) {
+func (b *batcher) process(ctx context.Context, client redis.UniversalClient, cmd redis.Cmder) {
 	if err := ctx.Err(); err != nil {
 		cmd.SetErr(err)
 		return

@@ -25,13 +25,15 @@ import (
 )
 
 // The Redis benchmarks compare requests through the middleware on idemredis
-// with a bare go-redis loop that runs the same Lua scripts (EVALSHA of the
-// same digests) with the same arguments (the Raw benchmarks).
+// with a bare go-redis loop that sends the same commands (the same Lua
+// scripts, EVALSHA or FCALL of the same digests or functions, with the same
+// arguments) (the Raw benchmarks).
 //
 // As on PostgreSQL, the raw loop copies nothing from the store: a hook on
 // the client records the commands the middleware sends for one request, and
 // the loop sends those, with the time, key, token and the record's key names
-// changed. A new key is two scripts (reserve, complete), a replay one.
+// changed. A new key is two scripts (reserve, complete), a replay of a key
+// the store completed one GET of its record.
 //
 // Both sides run GOMAXPROCS×redisBenchParallelism goroutines on one client.
 // The Raw benchmarks have the two variants of the PostgreSQL ones
@@ -158,8 +160,9 @@ func parseScriptCall(b *testing.B, cmd []any) scriptCall {
 
 // learn sends a first request and its replay (which load the scripts),
 // then records the commands of one request with a new key and of one
-// replay of it, and checks their number.
-func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
+// replay of it, and checks their number. The replay, of a key the store
+// completed, is a GET of the record.
+func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall, replay []any) {
 	b.Helper()
 	p.serve(b, "warm-up", benchkit.Body, false)
 	p.serve(b, "warm-up", benchkit.Body, true)
@@ -167,15 +170,15 @@ func (p *redisBench) learn(b *testing.B) (reserve, complete scriptCall) {
 	if len(cmds) != 2 {
 		b.Fatalf("a new key sent %d commands, want 2 (reserve, complete): %v", len(cmds), cmds)
 	}
-	replay := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
-	if len(replay) != 1 {
-		b.Fatalf("a replay sent %d commands, want 1 (reserve): %v", len(replay), replay)
+	replays := p.rec.Record(func() { p.serve(b, "probe", benchkit.Body, true) })
+	if len(replays) != 1 {
+		b.Fatalf("a replay sent %d commands, want 1 (GET): %v", len(replays), replays)
 	}
-	reserve, complete = parseScriptCall(b, cmds[0]), parseScriptCall(b, cmds[1])
-	if r := parseScriptCall(b, replay[0]); r.sha != reserve.sha {
-		b.Fatalf("the replay ran script %s, the reservation %s", r.sha, reserve.sha)
+	reserve, complete, replay = parseScriptCall(b, cmds[0]), parseScriptCall(b, cmds[1]), replays[0]
+	if len(replay) != 2 || fmt.Sprint(replay[0]) != "get" || fmt.Sprint(replay[1]) != reserve.keys[0] {
+		b.Fatalf("the replay sent %v, want a GET of %s", replay, reserve.keys[0])
 	}
-	return reserve, complete
+	return reserve, complete, replay
 }
 
 // BenchmarkMiddlewareRedisNewKey sends requests with new keys through the
@@ -260,7 +263,7 @@ func BenchmarkRawRedisNewKey(b *testing.B) {
 
 func rawRedisNewKey(b *testing.B, handler bool) {
 	p := newRedisBench(b)
-	reserve, complete := p.learn(b)
+	reserve, complete, _ := p.learn(b)
 	times := reserveTimesOf(b, reserve)
 	// The completion of each record, as KeyComplete sends it.
 	completeOf := idemredis.NewCompleteBuilder(complete.args)
@@ -317,7 +320,7 @@ func rawMember(i int64) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// BenchmarkRawRedisReplay is BenchmarkMiddlewareRedisReplay's script in a
+// BenchmarkRawRedisReplay is BenchmarkMiddlewareRedisReplay's GET in a
 // bare go-redis loop.
 func BenchmarkRawRedisReplay(b *testing.B) {
 	for _, v := range benchkit.RawVariants {
@@ -327,18 +330,16 @@ func BenchmarkRawRedisReplay(b *testing.B) {
 
 func rawRedisReplay(b *testing.B, handler bool) {
 	p := newRedisBench(b)
-	reserve, _ := p.learn(b)
-	times := reserveTimesOf(b, reserve)
+	_, _, replay := p.learn(b)
+	record := fmt.Sprint(replay[1])
 	ctx := context.Background()
 	b.SetParallelism(redisBenchParallelism)
 	b.ReportAllocs()
 	work := startRedisWork(b, p.client)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		args := append([]any(nil), reserve.args...)
 		for pb.Next() {
-			times.set(args, "probe", "retry", time.Now().UnixMicro())
-			v, err := reserve.run(ctx, p.client, reserve.keys, args).Text()
+			v, err := p.client.Get(ctx, record).Result()
 			if err != nil || v == "" {
 				b.Fatalf("replay: %v (%v)", err, v)
 			}
@@ -374,9 +375,10 @@ func startRedisWork(b *testing.B, client *redis.Client) *redisWork {
 }
 
 // report reports, per operation: redis-cpu-µs (the server's CPU time),
-// redis-script-µs (the time EVALSHA and EVAL ran, the commands they call
-// included) and redis-calls (the commands the scripts called); it logs
-// the calls of each command and the time they ran, per operation.
+// redis-script-µs (the time EVALSHA, EVAL and FCALL ran, the commands they
+// call included) and redis-calls (the other commands: those the scripts
+// called, and a replay's GET); it logs the calls of each command and the
+// time they ran, per operation.
 func (w *redisWork) report() {
 	if w == nil {
 		return

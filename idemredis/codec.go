@@ -505,3 +505,32 @@ func parseDigits(s string) (int64, bool) {
 	}
 	return v, true
 }
+
+// replayable reports whether f, a stored record, is one reserve.lua
+// answers as it is stored at now (Unix microseconds): one its DONE pattern
+// matches (lua/lib.lua: completed, then a lease_expired_state of lowercase
+// letters and '_' and a locked_until of digits and '-') with an
+// expires_at of at least now. Anything else, a number Lua would read
+// differently included, is for reserve.lua to decide.
+func (f *recordFields) replayable(now int64) bool {
+	if f.state != string(idemstore.StateCompleted) ||
+		!all(f.leaseExpiredState, isLowerOrUnderscore) || !all(f.lockedUntil, isDigitOrMinus) {
+		return false
+	}
+	expiresAt, ok := parseDigits(f.expiresAt)
+	return ok && expiresAt >= now
+}
+
+// all reports whether every byte of s is in class.
+func all(s string, class func(byte) bool) bool {
+	for i := 0; i < len(s); i++ {
+		if !class(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerOrUnderscore(c byte) bool { return 'a' <= c && c <= 'z' || c == '_' }
+
+func isDigitOrMinus(c byte) bool { return '0' <= c && c <= '9' || c == '-' }

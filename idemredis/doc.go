@@ -60,7 +60,14 @@
 // GET. A completion sends the completed record built by the store with the
 // one its reservation wrote: the script compares and writes strings, and
 // decodes the record only when it changed meanwhile (renewed, waited on).
-// A replay returns the stored string as is.
+// A replay returns the stored string as is. A store that completed a
+// record, or found it completed, remembers it (for a bounded number of
+// recent keys) and replays it with a plain GET instead of the script, a
+// fraction of the server's work: the store checks the record as the
+// script would, and runs the script (a second round trip) when it is no
+// longer completed and retained, as after a purge. A new key is never read
+// first. Not with WaitReplicas, nor on a Cluster client that reads from
+// replicas.
 //
 // On a *redis.Client the scripts run as Redis 7 functions (FCALL of one
 // library, loaded by the store when the server lacks it), which spares

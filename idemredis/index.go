@@ -145,7 +145,7 @@ func (s *Store) evalEach(ctx context.Context, script *script, cands []recordKeys
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || slotMoving(cmd.Err()) {
 			keys, args := params(cands[i])
-			cmds[i] = s.retrySlot(ctx, func() *redis.Cmd { return script.Run(ctx, s.client, keys, args...) })
+			cmds[i] = retrySlot(ctx, s, func() *redis.Cmd { return script.Run(ctx, s.client, keys, args...) })
 		}
 	}
 	return cmds

@@ -22,7 +22,11 @@ const bucketCount = 1024
 // the same slot replaces it.
 //
 // A slot also remembers the record as this store last inserted it for the
-// identity (see written): what KeyComplete expects to find there.
+// identity (see written): what KeyComplete expects to find there; and
+// whether this store last saw the record completed (see doneUntil): a
+// reservation of it then reads it with a plain GET before it runs
+// reserve.lua (see Store.replay). Both are only guesses, checked against
+// what is stored before anything relies on them.
 type keyCache struct {
 	seed  maphash.Seed
 	slots [1024]keySlot
@@ -35,19 +39,71 @@ type keySlot struct {
 	// written is the record as a reservation of this store wrote it for
 	// id, or "".
 	written string
+	// doneUntil is the expires_at (Unix microseconds) of the record of id
+	// when this store last saw it completed (it completed it, or a
+	// reservation found it so), or 0.
+	doneUntil int64
+	// replayed is the record as stored that Store.replay last answered
+	// for id, and replay its answer, when it is at most maxKeptReplay
+	// bytes long; or "" and nil.
+	replayed string
+	replay   *idemstore.ReserveResult
 }
+
+// maxKeptReplay bounds the records a keySlot keeps decoded (keySlot.replay):
+// the slots then hold at most a few MiB, the record and its decoded body.
+const maxKeptReplay = 2048
 
 func (c *keyCache) slot(id idemstore.Identity) *keySlot {
 	return &c.slots[maphash.String(c.seed, id.Key)%uint64(len(c.slots))]
 }
 
-// setWritten remembers v as the record a reservation wrote for id ("" to
-// forget it), when id holds its slot.
+// setWritten remembers v as the record a reservation wrote for id, when
+// id holds its slot: a record in progress, not completed.
 func (c *keyCache) setWritten(id idemstore.Identity, v string) {
 	slot := c.slot(id)
 	slot.mu.Lock()
 	if slot.id == id {
-		slot.written = v
+		slot.written, slot.doneUntil = v, 0
+		slot.replayed, slot.replay = "", nil
+	}
+	slot.mu.Unlock()
+}
+
+// setReplay remembers res as the answer of a replay of id that read v,
+// when id holds its slot and v is short enough to keep.
+func (c *keyCache) setReplay(id idemstore.Identity, v string, res *idemstore.ReserveResult) {
+	if len(v) > maxKeptReplay {
+		return
+	}
+	slot := c.slot(id)
+	slot.mu.Lock()
+	if slot.id == id {
+		slot.replayed, slot.replay = v, res
+	}
+	slot.mu.Unlock()
+}
+
+// lastReplay returns the answer setReplay remembered for id when it read
+// v, or nil.
+func (c *keyCache) lastReplay(id idemstore.Identity, v string) *idemstore.ReserveResult {
+	slot := c.slot(id)
+	slot.mu.Lock()
+	var res *idemstore.ReserveResult
+	if slot.id == id && slot.replayed == v {
+		res = slot.replay
+	}
+	slot.mu.Unlock()
+	return res
+}
+
+// setDone remembers that the record of id was completed, retained until
+// expiresAt (Unix microseconds; 0 to forget it), when id holds its slot.
+func (c *keyCache) setDone(id idemstore.Identity, expiresAt int64) {
+	slot := c.slot(id)
+	slot.mu.Lock()
+	if slot.id == id {
+		slot.doneUntil = expiresAt
 	}
 	slot.mu.Unlock()
 }
@@ -106,18 +162,26 @@ func (k recordKeys) all() []string {
 
 // keysOf returns the keys of the record named id.
 func (s *Store) keysOf(id idemstore.Identity) recordKeys {
+	k, _ := s.lookupKeys(id)
+	return k
+}
+
+// lookupKeys returns the keys of the record named id, and its doneUntil
+// (see keySlot).
+func (s *Store) lookupKeys(id idemstore.Identity) (recordKeys, int64) {
 	slot := s.keys.slot(id)
 	slot.mu.Lock()
-	hit, k := slot.id == id && slot.keys.record != "", slot.keys
+	hit, k, done := slot.id == id && slot.keys.record != "", slot.keys, slot.doneUntil
 	slot.mu.Unlock()
 	if hit {
-		return k
+		return k, done
 	}
 	k = s.newKeys(id)
 	slot.mu.Lock()
-	slot.id, slot.keys, slot.written = id, k, ""
+	slot.id, slot.keys, slot.written, slot.doneUntil = id, k, "", 0
+	slot.replayed, slot.replay = "", nil
 	slot.mu.Unlock()
-	return k
+	return k, 0
 }
 
 // newKeys builds the keys of the record named id.

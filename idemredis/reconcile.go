@@ -20,6 +20,8 @@ func (s *Store) KeyPurge(ctx context.Context, p *idemstore.PurgeParams) (*idemst
 	now := s.now()
 	a := purgeArgs{now: us(now), token: p.Token, force: p.Force}
 	v, err := s.run(ctx, purgeScript, a.call(s.keysOf(p.Identity).boxed)).Text()
+	// Gone, or to be used again as new: not worth a GET first (see replay).
+	s.keys.setDone(p.Identity, 0)
 	if err != nil {
 		return nil, fmt.Errorf("purging key: %w", interpretError(err))
 	}

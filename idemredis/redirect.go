@@ -42,7 +42,7 @@ func slotMoving(err error) bool {
 // migration (see slotMoving), until ctx's deadline (or RedirectWait, when
 // ctx has none) would pass before the next attempt: a migration shows as
 // latency rather than as an error. It returns the last command.
-func (s *Store) retrySlot(ctx context.Context, send func() *redis.Cmd) *redis.Cmd {
+func retrySlot[C redis.Cmder](ctx context.Context, s *Store, send func() C) C {
 	cmd := send()
 	if !slotMoving(cmd.Err()) {
 		return cmd

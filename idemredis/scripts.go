@@ -95,6 +95,7 @@ func functionName(file string) string {
 var (
 	argEvalSha, argEval any = "evalsha", "eval"
 	argFcall            any = "fcall"
+	argGet              any = "get"
 	argKeys1            any = 1
 	argKeys2, argKeys3  any = 2, 3
 	argKeys5            any = 5
@@ -127,14 +128,12 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		cmd.SetFirstKeyPos(3)
 		if s.waitReplicas > 0 && !sc.noReplicaWait {
 			s.processWaited(ctx, cmd, call[3].(string))
-		} else if s.batch != nil {
-			s.batch.process(ctx, s.client, cmd)
 		} else {
-			_ = s.client.Process(ctx, cmd)
+			s.process(ctx, cmd)
 		}
 		return cmd
 	}
-	return s.retrySlot(ctx, func() *redis.Cmd {
+	return retrySlot(ctx, s, func() *redis.Cmd {
 		if s.functions.Load() {
 			cmd := send(argFcall, sc.function)
 			err := cmd.Err()
@@ -158,6 +157,16 @@ func (s *Store) run(ctx context.Context, sc *script, call []any) *redis.Cmd {
 		}
 		return s.runScript(send, sc)
 	})
+}
+
+// process sends cmd, in a round trip shared with concurrent calls where
+// the store batches them (see batcher).
+func (s *Store) process(ctx context.Context, cmd redis.Cmder) {
+	if s.batch != nil {
+		s.batch.process(ctx, s.client, cmd)
+	} else {
+		_ = s.client.Process(ctx, cmd)
+	}
 }
 
 // runScript sends sc as a script: EVALSHA, then EVAL when the server does

@@ -96,6 +96,12 @@ type Store struct {
 	// returns, which its callers share: a replay of a key, or of a
 	// response with the same headers as another, decodes none.
 	headers *headerjson.Cache
+	// getReplays lets KeyReserve read a record it saw completed with a
+	// plain GET before it runs reserve.lua (see replay): not with
+	// WaitReplicas (a reservation then waits for the replicas, even when it
+	// reads), nor on a client that may send a GET elsewhere than a script
+	// (see readsMaster).
+	getReplays bool
 }
 
 var (
@@ -136,19 +142,46 @@ func New(client redis.UniversalClient, cfg *Config) *Store {
 	// On a Cluster, FUNCTION LOAD would have to reach the node of each
 	// call's slot: the scripts are loaded there by EVAL instead.
 	st.functions.Store(single)
+	st.getReplays = c.WaitReplicas <= 0 && readsMaster(client)
 	return st
+}
+
+// readsMaster reports whether client sends a GET of a key where it sends a
+// script on it: to the master of the key. A Cluster client with ReadOnly
+// (or RouteByLatency, RouteRandomly) sends reads to replicas, which lag
+// behind: a replay read there could find a record the master no longer
+// has. A client of another type is not trusted to.
+func readsMaster(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client, *redis.Ring:
+		return true
+	case *redis.ClusterClient:
+		o := c.Options()
+		return !o.ReadOnly && !o.RouteByLatency && !o.RouteRandomly
+	}
+	return false
 }
 
 // KeyReserve atomically inserts a new in_progress record, takes over a
 // released one (with the same fingerprint) or an expired lease that turns
 // released, and otherwise returns the existing record. One script, one
-// round trip (two when it finds a lease that ran out: see keysOfCall).
+// round trip (two when it finds a lease that ran out: see keysOfCall). A
+// record this store saw completed is read with a GET instead (see
+// replay), and with the script only when the GET finds it changed.
 func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*idemstore.ReserveResult, error) {
+	now := s.now()
+	keys, doneUntil := s.lookupKeys(p.Identity)
+	k := keys.boxed
+	if s.getReplays && doneUntil >= us(now) {
+		res, err := s.replay(ctx, p.Identity, k, us(now))
+		if res != nil || err != nil {
+			return res, err
+		}
+	}
 	les := p.LeaseExpiredState
 	if les == "" {
 		les = idemstore.StateUnknown
 	}
-	now := s.now()
 	lockedUntil, expiresAt, ttl := us(now.Add(p.Lease)), us(now.Add(p.TTL)), max(p.TTL, 0)
 	var a reserveArgs
 	a.record, a.now, a.lockedUntil = newRecordValue(p, les, us(now), lockedUntil, expiresAt, ttl.Microseconds())
@@ -162,7 +195,6 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 		// the retention): KeyReap must find it before it settles.
 		a.expiryScore = expiresAt
 	}
-	k := s.keysOf(p.Identity).boxed
 	cmd := s.run(ctx, reserveScript, a.call(k))
 	if needsAllKeys(cmd.Err()) {
 		a.allKeys = true
@@ -201,8 +233,62 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	}
 	if reserved {
 		s.keys.setWritten(p.Identity, v)
+	} else if rec.State == idemstore.StateCompleted {
+		// Retained at now, or reserve.lua would have replaced it.
+		s.keys.setDone(p.Identity, rec.ExpiresAt.UnixMicro())
 	}
 	return &idemstore.ReserveResult{Reserved: reserved, Record: rec}, nil
+}
+
+// replay reads the record at k with one GET and returns it as KeyReserve
+// does when reserve.lua would answer it as it is stored (see replayable):
+// completed and retained at now (Unix microseconds). A script is then no
+// cheaper for the client, and far dearer for the server, than a GET: the
+// answer is the same, the record as stored, and reserve.lua writes nothing
+// for it. When the GET finds anything else (no record, one of another
+// state, past its retention, of the earlier layout) or Redis answers it
+// with an error, replay returns nil and no error, and forgets that the
+// record was completed: the caller runs reserve.lua, which decides from
+// what it finds then. An error of the connection or of ctx is returned.
+//
+// KeyReserve calls it only for a record this store saw completed (see
+// keySlot.doneUntil), never for a new key, which would pay a second round
+// trip: a stale guess (the record was purged, or is being replaced) costs
+// one.
+func (s *Store) replay(ctx context.Context, id idemstore.Identity, k *boxedKeys, now int64) (*idemstore.ReserveResult, error) {
+	cmd := retrySlot(ctx, s, func() *redis.StringCmd {
+		// (A StringCmd reads the reply without boxing it.)
+		cmd := redis.NewStringCmd(ctx, argGet, k.record)
+		cmd.SetFirstKeyPos(1)
+		s.process(ctx, cmd)
+		return cmd
+	})
+	v, err := cmd.Result()
+	if err != nil {
+		var reply redis.Error
+		if !errors.As(err, &reply) {
+			return nil, fmt.Errorf("reserving key: %w", interpretError(err))
+		}
+		v = "" // no record (redis.Nil), or Redis refused the GET
+	}
+	if res := s.keys.lastReplay(id, v); res != nil && res.Record.ExpiresAt.UnixMicro() >= now {
+		// The record this store last replayed, unchanged, and still
+		// retained: it was decoded then (ReserveResult's record is
+		// read-only for its callers).
+		return res, nil
+	}
+	var f recordFields
+	if f.parse(v) != nil || !f.replayable(now) {
+		s.keys.setDone(id, 0)
+		return nil, nil
+	}
+	rec, err := f.record(s.headers)
+	if err != nil {
+		return nil, fmt.Errorf("reserving key: %w", err)
+	}
+	res := &idemstore.ReserveResult{Record: rec}
+	s.keys.setReplay(id, v, res)
+	return res, nil
 }
 
 // newRecord is the result of a reservation that inserted a new record: the
@@ -301,6 +387,11 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	}
 	if err != nil {
 		return fmt.Errorf("completing key: %w", interpretError(err))
+	}
+	if exp, err := parseInt(a.expiryScore); err == nil {
+		// Completed as the reservation wrote it (or from unknown, with a
+		// later expires_at): a retry of it is most likely a replay.
+		s.keys.setDone(p.Identity, exp)
 	}
 	return nil
 }
