@@ -1,6 +1,7 @@
 package idemmem
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,5 +66,52 @@ func TestSlabsCompact(t *testing.T) {
 	check()
 	if len(sl.spare) > 0 {
 		t.Errorf("%d spare chunks left after adding as much again", len(sl.spare))
+	}
+}
+
+// TestSlabsRandom adds, replaces and frees records of random sizes in
+// random order, and checks the slabs against a map of what they should
+// hold.
+func TestSlabsRandom(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var sl slabs
+	done := make(map[uint64]slabRef)
+	want := make(map[uint64]string)
+	for step := range 200000 {
+		h := rng.Uint64N(5000)
+		if ref, ok := done[h]; ok {
+			delete(done, h)
+			sl.free(ref, done)
+			delete(want, h)
+		}
+		if rng.IntN(3) > 0 {
+			size := rng.IntN(2000)
+			if rng.IntN(1000) == 0 {
+				size = chunkSize + rng.IntN(1000) // a record larger than a chunk
+			}
+			body := strings.Repeat(strconv.Itoa(step%10), size)
+			done[h] = sl.add(h, frozen(body), done)
+			want[h] = body
+		}
+	}
+	if len(done) != len(want) {
+		t.Fatalf("%d records, want %d", len(done), len(want))
+	}
+	live := 0
+	for h, body := range want {
+		if got := sl.at(done[h]); string(got) != body {
+			t.Fatalf("record %d: %d bytes, want %d", h, len(got), len(body))
+		}
+		live += len(body) + 8 + uvarintLen(uint64(len(body)))
+	}
+	used := 0
+	for i, c := range sl.chunks {
+		if uint32(i) != sl.last {
+			used += len(c)
+		}
+	}
+	if used > 2*live { // the chunks but the one being filled are at most half holes
+		t.Errorf("%d bytes of chunks hold %d bytes of records", used, live)
 	}
 }
