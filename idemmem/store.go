@@ -5,10 +5,11 @@
 // deep-copied on the way in and in the records KeyGet, KeyList and KeySweep
 // return, so callers never alias stored headers or bodies; KeyReserve shares
 // the stored response, which its callers only read (see
-// idemstore.ReserveResult). It implements idemstore.Waiter, and
-// idemstore.TxStore with copy-on-write transactions whose business writes
-// are string values (Tx.Put), so tests run the middleware's transactional
-// mode and phases without a database.
+// idemstore.ReserveResult). Completed records are kept encoded, in memory
+// the garbage collector need not scan (see frozen). It implements
+// idemstore.Waiter, and idemstore.TxStore with copy-on-write transactions
+// whose business writes are string values (Tx.Put), so tests run the
+// middleware's transactional mode and phases without a database.
 package idemmem
 
 import (
@@ -49,28 +50,31 @@ type Store struct {
 	waiters map[idemstore.Identity]*waiter
 	// values are the committed business writes of transactions (Tx.Put).
 	values map[string]string
-	// headers are the stored responses' headers, shared between records.
-	headers headerTable
+	// replays are the results of the last replays of a few frozen
+	// records, by their hash: see replay.
+	replays [64]*replayed
 	// endpoints are the records' endpoints, shared between records.
 	endpoints endpointTable
 }
 
 // record is a stored record with room for its response, so that a
-// completed record is two objects for the garbage collector to mark (the
-// record and its body), not three (see newRecord): in a store of many live
-// records the collector's marking of them is much of what a request costs.
+// record is few objects for the garbage collector to mark (see
+// newRecord). A completed record is kept frozen (see recordMap).
 type record struct {
 	idemstore.Record
 	response idemstore.Response // what Record.Response points to, once completed
 	next     *record            // in recordMap, the next record of the same hash
-	// replay is KeyReserve's result on the record once it is completed,
-	// the record itself: set on the first replay, it serves every later
-	// one without an allocation. Nothing modifies a completed record in
-	// place (no transition leaves completed, and a record past its expiry
-	// or resealed is replaced by a new one), and callers treat the result
-	// as read-only (see idemstore.ReserveResult), so a replay copies
-	// nothing.
-	replay idemstore.ReserveResult
+}
+
+// replayed is KeyReserve's result on a frozen record, thawed: kept for
+// the next replay of the record, it serves it without an allocation.
+// Nothing modifies a completed record in place (no transition leaves
+// completed, and a record past its expiry or resealed is replaced by a
+// new one), and callers treat the result as read-only (see
+// idemstore.ReserveResult), so a replay copies nothing.
+type replayed struct {
+	f   string // the frozen record, a copy
+	res idemstore.ReserveResult
 }
 
 // waiter is the wake-up channel of one identity.
@@ -158,12 +162,14 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	defer s.mu.Unlock()
 	now := s.now()
 
-	stored := s.liveRecord(p.Identity, now)
+	var stored *record
+	if f, h, ok := s.records.frozenOf(p.Identity); !ok {
+		stored = s.liveRecord(p.Identity, now)
+	} else if !f.expired(now) {
+		return s.replay(f, h), nil
+	} // else expired, as if missing: a new record takes its place
 	if stored != nil && stored.State == idemstore.StateCompleted {
-		if stored.replay.Record == nil {
-			stored.replay.Record = &stored.Record
-		}
-		return &stored.replay, nil
+		return reserveResult(false, &stored.Record), nil // not frozen (see recordMap)
 	}
 	var r *idemstore.Record
 	if stored != nil {
@@ -214,6 +220,25 @@ func (s *Store) KeyReserve(ctx context.Context, p *idemstore.ReserveParams) (*id
 	return reserveResult(true, r), nil
 }
 
+// replay returns the result of KeyReserve on f, of hash h: the last one,
+// when it was f's. A record larger than maxReplayed is thawed each time,
+// so that the results kept stay small. The caller holds s.mu.
+func (s *Store) replay(f frozen, h uint64) *idemstore.ReserveResult {
+	slot := &s.replays[h%uint64(len(s.replays))]
+	if e := *slot; e != nil && e.f == string(f) {
+		return &e.res
+	}
+	e := &replayed{f: string(f)}
+	e.res.Record = &thaw(e.f, &s.records.headers).Record
+	if len(f) <= maxReplayed {
+		*slot = e
+	}
+	return &e.res
+}
+
+// maxReplayed bounds the frozen records whose replay Store.replays keeps.
+const maxReplayed = 16 << 10
+
 // KeyGet implements idemstore.Store.
 func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.Record, error) {
 	if err := ctx.Err(); err != nil {
@@ -222,6 +247,9 @@ func (s *Store) KeyGet(ctx context.Context, id idemstore.Identity) (*idemstore.R
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if f, _, ok := s.records.frozenOf(id); ok && !f.expired(now) {
+		return &f.thaw(nil).Record, nil // a copy already, completed: no lease to view
+	}
 	r := s.live(id, now)
 	if r == nil {
 		return nil, idemstore.ErrNotFound
@@ -261,7 +289,10 @@ func (s *Store) KeyComplete(ctx context.Context, p *idemstore.CompleteParams) er
 	if err != nil {
 		return err
 	}
-	complete(&r.Record, p, s.storedIn(&r.response, p.Response), now)
+	complete(&r.Record, p, p.Response, now)
+	if !s.records.put(r) && r.Response != nil { // not frozen (see recordMap): keep a copy
+		r.Response = s.storedIn(&r.response, r.Response)
+	}
 	s.changed(p.Identity)
 	return nil
 }
@@ -353,23 +384,25 @@ func (s *Store) KeyResolve(ctx context.Context, p *idemstore.ResolveParams) erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	r := s.live(p.Identity, now)
+	n := s.liveRecord(p.Identity, now)
 	switch {
-	case r == nil:
+	case n == nil:
 		return idemstore.ErrNotFound
-	case r.Token != p.Token:
+	case n.Token != p.Token:
 		return idemstore.ErrLeaseLost
-	case viewRecord(r, now).State != idemstore.StateUnknown:
+	case viewRecord(&n.Record, now).State != idemstore.StateUnknown:
 		return idemstore.ErrInvalidState
 	}
+	r := &n.Record
 	settle(r, now)
 	r.State = p.To
 	r.UpdatedAt = now
 	r.Response = nil
 	r.NotReplayable = false
 	if p.To == idemstore.StateCompleted {
-		r.Response = s.storedIn(&s.records.get(p.Identity).response, p.Response)
+		r.Response = s.storedIn(&n.response, p.Response)
 		r.NotReplayable = p.Response == nil
+		s.records.put(n) // frozen
 	}
 	s.changed(p.Identity)
 	return nil
@@ -385,7 +418,7 @@ func (s *Store) KeySweep(ctx context.Context, p *idemstore.SweepParams) ([]*idem
 	defer s.mu.Unlock()
 	now := s.now()
 	var expired []*idemstore.Record
-	for n := range s.records.all() {
+	for n := range s.records.changing() { // a frozen record is completed: no lease
 		if r := &n.Record; !r.Expired(now) && r.LeaseExpired(now) {
 			expired = append(expired, r)
 		}
@@ -413,19 +446,28 @@ func (s *Store) KeyReap(ctx context.Context, p *idemstore.ReapParams) (int, erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var dead []*idemstore.Record
-	for r := range s.records.all() {
+	type deadRecord struct {
+		expiresAt time.Time
+		id        idemstore.Identity
+	}
+	var dead []deadRecord
+	for r := range s.records.changing() {
 		if r.Expired(now) {
-			dead = append(dead, &r.Record)
+			dead = append(dead, deadRecord{r.ExpiresAt, r.Identity})
 		}
 	}
-	slices.SortFunc(dead, func(a, b *idemstore.Record) int {
-		return cmp.Or(a.ExpiresAt.Compare(b.ExpiresAt), compareIdentity(a.Identity, b.Identity))
+	for f := range s.records.frozen() {
+		if f.expired(now) {
+			dead = append(dead, deadRecord{f.expiresAt(), f.identity()})
+		}
+	}
+	slices.SortFunc(dead, func(a, b deadRecord) int {
+		return cmp.Or(a.expiresAt.Compare(b.expiresAt), compareIdentity(a.id, b.id))
 	})
 	dead = dead[:min(limit, len(dead))]
 	for _, r := range dead {
-		s.records.del(r.Identity)
-		s.changed(r.Identity)
+		s.records.del(r.id)
+		s.changed(r.id)
 	}
 	return len(dead), nil
 }
@@ -493,8 +535,10 @@ func (s *Store) KeyReconcileClaim(ctx context.Context, p *idemstore.ReconcileCla
 	defer s.mu.Unlock()
 	now := s.now()
 	var due []*idemstore.Record
-	graceOver := now.Add(-p.Grace) // a record whose lease ended by then is past its grace
-	for r := range s.records.all() {
+	// A record whose lease ended by graceOver is past its grace; a frozen
+	// record is completed.
+	graceOver := now.Add(-p.Grace)
+	for r := range s.records.changing() {
 		if r.State == idemstore.StateUnknown && !r.ReconcileAfter.After(now) &&
 			(p.Grace <= 0 || !r.LockedUntil.After(graceOver)) {
 			due = append(due, &r.Record)
@@ -538,7 +582,7 @@ func (s *Store) KeyBacklog(ctx context.Context) (*idemstore.Backlog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b idemstore.Backlog
-	for r := range s.records.all() {
+	for r := range s.records.changing() { // a frozen record is completed
 		if r.State != idemstore.StateUnknown {
 			continue
 		}
@@ -630,7 +674,7 @@ func (s *Store) storedIn(dst, resp *idemstore.Response) *idemstore.Response {
 	}
 	*dst = idemstore.Response{
 		Status: resp.Status,
-		Header: s.headers.intern(resp.Header),
+		Header: s.records.headers.intern(resp.Header),
 		Body:   bytes.Clone(resp.Body),
 		Sealed: resp.Sealed,
 	}

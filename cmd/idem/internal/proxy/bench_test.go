@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/idemmem"
 	"github.com/idem-dev/idem/idemprom"
+	"github.com/idem-dev/idem/idemstore"
 )
 
 // benchBody is the request of scripts/bench/proxy.sh.
@@ -138,6 +142,34 @@ func BenchmarkProxy(b *testing.B) {
 		turn := 0
 		newKeys(b, newIdem(big, clocked(&turn)), &turn, 500)
 	})
+	replay := func(b *testing.B, store *idemmem.Store) {
+		h := newIdem(up, store)
+		h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
+		// The request as a server reads it, from a reader used again (as
+		// net/http's connection keeps its own), not httptest.NewRequest's
+		// 4 KiB reader each time: the allocations are the server's and the
+		// handler's.
+		raw := "POST /v1/payments HTTP/1.1\r\nHost: idem\r\nContent-Type: application/json\r\n" +
+			"Idempotency-Key: replayed\r\nContent-Length: " + strconv.Itoa(len(benchBody)) + "\r\n\r\n" + benchBody
+		src := strings.NewReader(raw)
+		br := bufio.NewReader(src)
+		runtime.GC() // the store's records are the live heap, not the filling's garbage
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			src.Reset(raw)
+			br.Reset(src)
+			r, err := http.ReadRequest(br)
+			if err != nil {
+				b.Fatal(err)
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
+				b.Fatal(w.Code, w.Body)
+			}
+		}
+	}
 	b.Run("replay", func(b *testing.B) {
 		h := newIdem(up, idemmem.New(nil))
 		h.ServeHTTP(httptest.NewRecorder(), benchRequest("replayed"))
@@ -150,4 +182,33 @@ func BenchmarkProxy(b *testing.B) {
 			}
 		}
 	})
+	b.Run("replay-200k", func(b *testing.B) {
+		// A replay in a store of many completed records, as a proxy's
+		// memory store is after a while of new keys: the garbage
+		// collector marks them all on every cycle, which the requests'
+		// allocations drive.
+		replay(b, filledStore(b, 200000))
+	})
+}
+
+// filledStore returns a memory store holding n completed records of other
+// keys, with the response the benchmark's upstream gives (as the proxy
+// stores it).
+func filledStore(b *testing.B, n int) *idemmem.Store {
+	store := idemmem.New(nil)
+	ctx := b.Context()
+	body := []byte(`{"method":"POST","path":"/v1/payments","body":` + benchBody + "}\n")
+	for i := range n {
+		id := idemstore.Identity{Endpoint: "POST /v1/payments", Key: "filled-" + strconv.Itoa(i)}
+		token := "token-" + strconv.Itoa(i)
+		fp := fmt.Sprintf("%064x", i) // as long as a fingerprint
+		if _, err := store.KeyReserve(ctx, &idemstore.ReserveParams{Identity: id, Fingerprint: fp, Token: token, Lease: time.Minute, TTL: 24 * time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+		resp := &idemstore.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+		if err := store.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: token, Response: resp}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return store
 }
