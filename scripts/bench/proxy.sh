@@ -23,7 +23,16 @@
 # BASELINES may also name "static": cmd/idem/internal/loadgen/static, a
 # net/http server that drains the request and answers with the constant
 # bytes of a replay (no proxy, no store, no upstream): the ceiling of any
-# answer a Go proxy gives without forwarding, a replay's.
+# answer a Go proxy gives without forwarding, a replay's. And BASELINES may
+# name "minimal": cmd/idem/internal/loadgen/minproxy, the bare proxy plus the
+# least a durable idempotency layer does with the same store clients (a new
+# key: insert the key, forward, store the answer, two round trips in
+# sequence, each its own commit; a replay: the stored answer), on each store
+# of STORES among redis and postgres, as the target "minimal-STORE" (Redis
+# prefix TAG-min:, PostgreSQL table TAG_min.keys with application_name
+# TAG_min). It is the floor of a new key for any layer that sends its two
+# writes one by one: a layer ahead of the peer by more than the peer is
+# behind it must beat that floor.
 #
 # Every run also takes the client's CPU per request (wrk's user + system
 # time, from bash's time): on this machine wrk shares the cores with the
@@ -123,7 +132,8 @@ cleanup() {
 	wait 2>/dev/null || true
 	if [[ " $STORES $PEER_STORES " == *" postgres"* ]]; then
 		psql -q "$PG_URL" -c "DROP SCHEMA IF EXISTS $TAG CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_peer CASCADE" \
-			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_table CASCADE" >/dev/null 2>&1 || true
+			-c "DROP SCHEMA IF EXISTS ${TAG}_floor CASCADE" -c "DROP SCHEMA IF EXISTS ${TAG}_table CASCADE" \
+		-c "DROP SCHEMA IF EXISTS ${TAG}_min CASCADE" >/dev/null 2>&1 || true
 	fi
 	if [[ " $STORES $PEER_STORES " == *" redis "* ]]; then
 		redis-cli -u "$REDIS_URL" --scan --pattern "$TAG*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" unlink >/dev/null || true
@@ -143,6 +153,7 @@ fi
 go build -o "$work/upstream" ./cmd/idem/internal/loadgen/upstream
 go build -o "$work/bareproxy" ./cmd/idem/internal/loadgen/bareproxy
 go build -o "$work/static" ./cmd/idem/internal/loadgen/static
+go build -o "$work/minproxy" ./cmd/idem/internal/loadgen/minproxy
 
 # with_param URL NAME=VALUE appends a query parameter.
 with_param() { if [[ $1 == *\?* ]]; then echo "$1&$2"; else echo "$1?$2"; fi; }
@@ -207,6 +218,21 @@ for store in $STORES; do
 	targets+=("$store")
 	n=$((n + 1))
 done
+if [[ " $BASELINES " == *" minimal "* ]]; then
+	for store in $STORES; do
+		case $store in
+		redis) url=$(with_param "$REDIS_URL" "prefix=$TAG-min:") ;;
+		postgres)
+			psql -q "$PG_URL" -c "CREATE SCHEMA ${TAG}_min" >/dev/null
+			url=$(with_param "$(with_param "$PG_URL" "table=${TAG}_min.keys")" "application_name=${TAG}_min") ;;
+		*) continue ;;
+		esac
+		port_of[minimal-$store]=$((PORT + n))
+		start "minimal-$store" "$((PORT + n))" "$work/minproxy" --listen "127.0.0.1:$((PORT + n))" --upstream "$upstream" --store "$url"
+		targets+=("minimal-$store")
+		n=$((n + 1))
+	done
+fi
 for store in $PEER_STORES; do
 	case $store in
 	memory) url=memory: ;;
@@ -278,7 +304,8 @@ store_pids() {
 	case $1 in
 	postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$TAG'" ;;
 	postgres-async) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_async'" ;;
-	redis | peer-redis) echo "$redis_pid" ;;
+	redis | peer-redis | minimal-redis) echo "$redis_pid" ;;
+	minimal-postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_min'" ;;
 	floor | table) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_$1'" ;;
 	peer-postgres) psql -At "$PG_URL" -c "SELECT pid FROM pg_stat_activity WHERE application_name = '${TAG}_peer'" ;;
 	esac
@@ -389,7 +416,7 @@ SQL
 	}
 	plain "${TAG}_floor.keys" >"$work/floor.sql"
 	# The same statements on idem's own table, migrated as idem migrates it.
-	"$work/idem" migrate up --store "$(with_param "$PG_URL" "schema=${TAG}_table")" >/dev/null 2>&1
+	"$work/idem" migrate up --store "$(with_param "$PG_URL" "schema=${TAG}_table")" >/dev/null
 	plain "${TAG}_table.idem_keys" >"$work/table.sql"
 fi
 
@@ -435,7 +462,7 @@ if [ -n "$PROFILE" ]; then
 			wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" -s "$work/idem.lua" "$url" -- "$prefix" "$shape" >/dev/null &
 			sleep 1
 			curl -sf -o "$PROFILE/$shape-$store.pprof" \
-				"http://127.0.0.1:$((${port_of[$store]} + 1000))/debug/pprof/profile?seconds=$((${DURATION%s} - 2))"
+				"http://127.0.0.1:$((${port_of[$store]} + 1000))/debug/pprof/profile?seconds=$(( ${DURATION%s} > 3 ? ${DURATION%s} - 2 : 1 ))"
 			wait $!
 			log "profile: $PROFILE/$shape-$store.pprof"
 		done
@@ -453,6 +480,30 @@ function median(a, n,   i, j, t) {
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 function ms(us) { return sprintf("%.2f ms", us / 1000) }
+# compare(A, B, TITLE): the targets A-STORE (idem: A empty) against B-STORE,
+# round by round, where both ran.
+function compare(a, b, title,   i, k, f, shape, store, own, rounds, c, r, r2, q, sc, done) {
+	for (i = 1; i <= n; i++) {
+		k = order[i]; split(k, f, SUBSEP); shape = f[1]
+		if (index(f[2], b) != 1) continue
+		store = substr(f[2], length(b) + 1)
+		own = shape SUBSEP a store
+		if (!(own in count)) continue
+		if (!done++) {
+			printf "\n%s; medians of the per-round ratios; CPU from the medians):\n\n", title
+			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req | client + proxy + store CPU/req |"
+			print "|---|---|---|---|---|---|---|"
+		}
+		rounds = ""; c = 0
+		for (r = 1; r <= count[k]; r++) for (r2 = 1; r2 <= count[own]; r2++) if (round[own, r2] == round[k, r]) {
+			q[++c] = rps[own, r2] / rps[k, r]; rounds = rounds sprintf("%s%.2f", c > 1 ? " " : "", q[c])
+		}
+		sc = "–"
+		if ((own in scm) && (k in scm) && scm[k] > 0) sc = sprintf("%.2f", scm[own] / scm[k])
+		printf "| %s | %s | %.2f | %s | %.2f | %s | %.2f |\n", shape, store, median(q, c), rounds, pcm[own] / pcm[k], sc,
+			(ccm[own] + pcm[own] + scm[own]) / (ccm[k] + pcm[k] + scm[k])
+	}
+}
 {
 	k = $1 SUBSEP $2
 	if (!(k in seen)) { seen[k] = 1; order[++n] = k }
@@ -485,31 +536,14 @@ END {
 		for (r = 1; r <= c; r++) a[r] = ccpu[k, r]; cc = median(a, c); ccm[k] = cc
 		sc = "–"
 		if (scpu[k, 1] != "-") { for (r = 1; r <= c; r++) a[r] = scpu[k, r]; m = median(a, c); scm[k] = m; sc = sprintf("%.0f µs (%.2f)", m, m / barecpu[shape]) }
-		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : target == "static" ? "static answer, no proxy" : target ~ /^peer-/ ? "peer, " substr(target, 6) : "idem, " target
+		name[k] = target == "bare" ? "bare reverse proxy" : target == "bare-default" ? "bare, DefaultTransport" : target == "static" ? "static answer, no proxy" : target ~ /^peer-/ ? "peer, " substr(target, 6) : target ~ /^minimal-/ ? "minimal layer, " substr(target, 9) : "idem, " target
 		printf "| %s | %s | %.2f | %s | %.0f | %s | %s | %.0f µs | %.2f | %s | %.0f µs | %d, %d |\n", shape,
 			name[k], ratio, rounds, thr, ms(l50), ms(l99),
 			pc, pc / barecpu[shape], sc, cc, bad[k], non2xx[k]
 	}
-	peers = 0
-	for (i = 1; i <= n; i++) {
-		k = order[i]; split(k, f, SUBSEP); shape = f[1]; target = f[2]
-		if (target !~ /^peer-/) continue
-		own = shape SUBSEP substr(target, 6)
-		if (!(own in count)) continue
-		if (!peers++) {
-			printf "\nidem against the peer on the same store (idem / peer; medians of the per-round ratios; CPU from the medians):\n\n"
-			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req | client + proxy + store CPU/req |"
-			print "|---|---|---|---|---|---|---|"
-		}
-		rounds = ""; c = 0
-		for (r = 1; r <= count[k]; r++) for (r2 = 1; r2 <= count[own]; r2++) if (round[own, r2] == round[k, r]) {
-			q[++c] = rps[own, r2] / rps[k, r]; rounds = rounds sprintf("%s%.2f", c > 1 ? " " : "", q[c])
-		}
-		sc = "–"
-		if ((own in scm) && (k in scm) && scm[k] > 0) sc = sprintf("%.2f", scm[own] / scm[k])
-		printf "| %s | %s | %.2f | %s | %.2f | %s | %.2f |\n", shape, substr(target, 6), median(q, c), rounds, pcm[own] / pcm[k], sc,
-			(ccm[own] + pcm[own] + scm[own]) / (ccm[k] + pcm[k] + scm[k])
-	}
+	compare("", "peer-", "idem against the peer on the same store (idem / peer")
+	compare("", "minimal-", "idem against the minimal layer on the same store (idem / minimal")
+	compare("peer-", "minimal-", "the peer against the minimal layer on the same store (peer / minimal")
 	if (length(baredcpu) == 0) exit
 	printf "\nAgainst the bare proxy on http.DefaultTransport (medians of the same rounds):\n\n"
 	print "| shape | target | throughput vs default bare | proxy CPU/req vs default bare | store CPU/req vs default bare |"
