@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idem-dev/idem/idemstore"
 )
 
@@ -16,7 +18,10 @@ import (
 // a call whose context is done fails without being sent.
 func TestBatchedCalls(t *testing.T) {
 	ctx := t.Context()
-	s := newTestStore(t, sharedClient(t), time.Now)
+	client := sharedClient(t)
+	pipes := &pipelineSizes{}
+	client.AddHook(pipes)
+	s := newTestStore(t, client, time.Now)
 	if s.batch == nil {
 		t.Fatal("a store on a *redis.Client does not batch")
 	}
@@ -53,6 +58,9 @@ func TestBatchedCalls(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	if n := pipes.largest(); n < 2 {
+		t.Errorf("64 goroutines' calls never shared a round trip: the largest pipeline held %d", n)
+	}
 	s.batch.mu.Lock()
 	active, queued := s.batch.active, len(s.batch.queue)
 	s.batch.mu.Unlock()
@@ -69,4 +77,37 @@ func TestBatchedCalls(t *testing.T) {
 	if _, err := s.KeyGet(ctx, id); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Errorf("KeyGet after a cancelled reservation = %v, want ErrNotFound", err)
 	}
+}
+
+// pipelineSizes is a redis.Hook that keeps the size of the largest
+// pipeline sent, a new connection's handshake left out.
+type pipelineSizes struct {
+	mu  sync.Mutex
+	max int
+}
+
+func (p *pipelineSizes) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (p *pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, cmd := range cmds {
+			switch cmd.Name() {
+			case "hello", "client", "auth", "select": // a connection's handshake
+			default:
+				n++
+			}
+		}
+		p.mu.Lock()
+		p.max = max(p.max, n)
+		p.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (p *pipelineSizes) largest() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.max
 }

@@ -516,7 +516,13 @@ func TestCompleteAfterChange(t *testing.T) {
 			if err != nil || !res.Reserved {
 				t.Fatalf("KeyReserve = %v, %v", res, err)
 			}
+			before := s.client.Get(ctx, s.keysOf(id).record).Val()
 			change(id, "tok-"+name)
+			// The case the test is for: the record changed (or, unchanged,
+			// did not) since the reservation wrote it.
+			if after := s.client.Get(ctx, s.keysOf(id).record).Val(); (after != before) != (name != "unchanged") {
+				t.Fatalf("the record went from\n%q\nto\n%q", before, after)
+			}
 			if err := s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: id, Token: "tok-" + name, Response: benchResponse}); err != nil {
 				t.Fatal(err)
 			}

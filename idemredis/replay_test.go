@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,24 +314,72 @@ func TestReplayKeepsDecoded(t *testing.T) {
 }
 
 // TestReplayRacesPurge replays a key from many goroutines of one store
-// while another store purges it and runs it again with another response:
-// every answer is a replay of one of the responses or the key in use, and
-// a reservation only where the key was free.
+// while another store purges it and runs it again. Each completion stores
+// a response of its own, numbered by a generation (its body, status and a
+// header say which), and the test checks every answer a reservation got:
+// a replay is exactly one response that was stored for the key, under the
+// token that stored it (never a mix of two, never one whose completion
+// failed), and never one of a generation that a purge had removed before
+// the reservation began; a record in progress carries no response.
 func TestReplayRacesPurge(t *testing.T) {
 	clients(t, func(t *testing.T, client redis.UniversalClient) {
 		s := newTestStore(t, client, time.Now)
 		other := New(client, &Config{Prefix: s.prefix})
 		ctx := t.Context()
+
+		// The completions, by generation: each takes the next number
+		// once its reservation returned, so a purge that starts after
+		// generation g was taken removes g's record and its response for
+		// good (a completion after it finds its lease lost).
+		type completion struct {
+			token  string
+			resp   *idemstore.Response
+			stored bool // KeyComplete succeeded
+		}
+		var (
+			mu     sync.Mutex
+			gens   []*completion
+			byBody = map[string]int{}
+		)
+		run := func(st *Store, token string) error {
+			mu.Lock()
+			g := len(gens)
+			c := &completion{token: token, resp: &idemstore.Response{Status: 201 + g%3,
+				Header: http.Header{"Generation": {strconv.Itoa(g)}},
+				Body:   []byte(strings.Repeat(fmt.Sprintf("generation %d by %s;", g, token), 1+g%4))}}
+			gens = append(gens, c)
+			byBody[string(c.resp.Body)] = g
+			mu.Unlock()
+			err := st.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: token, Response: c.resp})
+			if err == nil {
+				mu.Lock()
+				c.stored = true
+				mu.Unlock()
+			}
+			return err
+		}
+		// purged is the highest generation a finished purge removed.
+		var purged atomic.Int64
+		purged.Store(-1)
+
+		// An answer, and the highest purged generation when its
+		// reservation began.
+		type answer struct {
+			floor int64
+			token string
+			rec   *idemstore.Record
+		}
 		mustReserve(t, s, reserveParams("t0", idemstore.StateUnknown), true)
-		complete(t, s, "t0", "r0")
+		if err := run(s, "t0"); err != nil {
+			t.Fatal(err)
+		}
 		const rounds, workers = 50, 8
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		errs := make(chan error, workers)
+		answers := make([][]answer, workers)
 		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := 0; ; i++ {
 					select {
 					case <-done:
@@ -337,43 +387,43 @@ func TestReplayRacesPurge(t *testing.T) {
 					default:
 					}
 					token := fmt.Sprintf("w%d-%d", w, i)
+					floor := purged.Load()
 					res, err := s.KeyReserve(ctx, reserveParams(token, idemstore.StateUnknown))
-					switch {
-					case err != nil:
+					if err != nil {
 						errs <- err
 						return
-					case res.Reserved:
-						// The key was free (purged): run it.
-						if res.Record.Token != token {
-							errs <- fmt.Errorf("reserved with token %q, want %q", res.Record.Token, token)
-							return
-						}
-						err = s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: token,
-							Response: &idemstore.Response{Status: 201, Body: []byte("by " + token)}})
-						if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
-							errs <- err
-							return
-						}
-					case res.Record.State == idemstore.StateInProgress:
-					case res.Record.State != idemstore.StateCompleted || res.Record.Response == nil || len(res.Record.Response.Body) == 0:
-						errs <- fmt.Errorf("replay answered %+v", res.Record)
+					}
+					if !res.Reserved {
+						answers[w] = append(answers[w], answer{floor: floor, token: token, rec: res.Record})
+						continue
+					}
+					// The key was free (purged): run it.
+					if res.Record.Token != token {
+						errs <- fmt.Errorf("reserved with token %q, want %q", res.Record.Token, token)
+						return
+					}
+					if err := run(s, token); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
+						errs <- err
 						return
 					}
 				}
-			}()
+			})
 		}
 		for i := range rounds {
+			mu.Lock()
+			g := int64(len(gens)) - 1
+			mu.Unlock()
 			if _, err := other.KeyPurge(ctx, &idemstore.PurgeParams{Identity: testID, Force: true}); err != nil && !errors.Is(err, idemstore.ErrNotFound) {
 				t.Error(err)
 				break
 			}
+			purged.Store(g)
 			token := "o" + strconv.Itoa(i)
 			if res, err := other.KeyReserve(ctx, reserveParams(token, idemstore.StateUnknown)); err != nil {
 				t.Error(err)
 				break
 			} else if res.Reserved {
-				if err := other.KeyComplete(ctx, &idemstore.CompleteParams{Identity: testID, Token: token,
-					Response: &idemstore.Response{Status: 201, Body: []byte("by " + token)}}); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
+				if err := run(other, token); err != nil && !errors.Is(err, idemstore.ErrLeaseLost) {
 					t.Error(err)
 					break
 				}
@@ -384,6 +434,65 @@ func TestReplayRacesPurge(t *testing.T) {
 		close(errs)
 		for err := range errs {
 			t.Error(err)
+		}
+
+		// check checks one answer: a record in progress without a
+		// response, or a completed one whose response is exactly that of
+		// the generation its body names, under the token that stored it,
+		// and of a generation past the purges finished before it began.
+		check := func(a answer) error {
+			rec := a.rec
+			switch rec.State {
+			case idemstore.StateInProgress:
+				if rec.Response != nil {
+					return fmt.Errorf("in progress with token %s and a response %+v", rec.Token, rec.Response)
+				}
+				return nil
+			case idemstore.StateCompleted:
+			default:
+				return fmt.Errorf("answered a record %s with token %s", rec.State, rec.Token)
+			}
+			if rec.Response == nil {
+				return fmt.Errorf("replayed token %s without a response", rec.Token)
+			}
+			g, ok := byBody[string(rec.Response.Body)]
+			if !ok {
+				return fmt.Errorf("replayed a body no completion stored: %q (token %s)", rec.Response.Body, rec.Token)
+			}
+			c := gens[g]
+			switch {
+			case !c.stored:
+				return fmt.Errorf("replayed generation %d, whose completion failed", g)
+			case rec.Token != c.token || rec.Response.Status != c.resp.Status || !reflect.DeepEqual(rec.Response.Header, c.resp.Header):
+				return fmt.Errorf("replayed a mix: the body of generation %d (token %s, status %d, header %v) with token %s, status %d, header %v",
+					g, c.token, c.resp.Status, c.resp.Header, rec.Token, rec.Response.Status, rec.Response.Header)
+			case int64(g) <= a.floor:
+				return fmt.Errorf("replayed generation %d after a purge of generations up to %d had finished", g, a.floor)
+			}
+			return nil
+		}
+		replayed := map[int]bool{}
+		bad := 0
+		for _, as := range answers {
+			for _, a := range as {
+				if err := check(a); err != nil {
+					if bad++; bad <= 10 {
+						t.Errorf("reservation %s: %v", a.token, err)
+					}
+					continue
+				}
+				if a.rec.State == idemstore.StateCompleted {
+					replayed[byBody[string(a.rec.Response.Body)]] = true
+				}
+			}
+		}
+		if bad > 10 {
+			t.Errorf("… and %d more wrong answers", bad-10)
+		}
+		// Not a vacuous pass: replays of several generations, so some
+		// came after a purge.
+		if len(replayed) < 2 {
+			t.Errorf("the replays answered %d generations of %d; want a race that replays after purges", len(replayed), len(gens))
 		}
 	})
 }

@@ -227,17 +227,26 @@ func (c *campaign) run() result {
 	os.WriteFile(filepath.Join(c.dir, "schedule.txt"), []byte(strings.Join(plan, "\n")+"\n"), 0o644)
 	c.logf("%d faults planned: %s", len(schedule), strings.Join(plan, ", "))
 
+	// Every goroutine run starts is stopped, and waited for, before run
+	// returns on any path: a fault that fails the test with t.Fatal must
+	// not leave the clients sending to proxies the test's cleanup is
+	// killing, nor the logger logging after the test has ended (which
+	// panics).
+	//
+	// The clients: once the faults are over, stopWork lets each finish
+	// its operation; on a path that ends run early, the deferred call
+	// cancels their context first, so that they give up at once.
 	w := &Workload{History: c.h, Proxies: urls, Seed: c.seed, Prefix: fmt.Sprintf("k%d", c.seed)}
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	stop := make(chan struct{})
-	workDone := make(chan struct{})
-	go func() { w.Run(ctx, stop); close(workDone) }()
+	workStop, workDone := make(chan struct{}), make(chan struct{})
+	stopWork := sync.OnceFunc(func() { close(workStop); <-workDone })
+	defer func() { cancel(); stopWork() }()
+	go func() {
+		defer close(workDone)
+		w.Run(ctx, workStop)
+	}()
 
-	// Progress while the faults run. The logger stops, and is waited for,
-	// before run returns on any path: a fault that fails the test with
-	// t.Fatal must not leave it logging after the test has ended (which
-	// panics).
+	// Progress while the faults run.
 	progressStop, progressDone := make(chan struct{}), make(chan struct{})
 	stopProgress := sync.OnceFunc(func() { close(progressStop); <-progressDone })
 	defer stopProgress()
@@ -259,9 +268,8 @@ func (c *campaign) run() result {
 	}()
 
 	c.inject(schedule, up, w)
-	close(stop)
 	c.logf("faults over; the clients finish their operations")
-	<-workDone
+	stopWork()
 	stopProgress()
 	for _, p := range c.proxies {
 		if !p.running() {
