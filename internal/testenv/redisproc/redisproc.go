@@ -179,7 +179,10 @@ func (s *Server) Signal(sig os.Signal) error {
 }
 
 // Restart starts the server again, after Kill, on the same port, directory
-// and arguments: what it persisted, it reads back.
+// and arguments: what it persisted, it reads back. Restart, ReplicaOf and
+// Promote report a failure with t.Error and return, rather than t.Fatal:
+// a fault campaign calls them from the goroutines that inject and heal its
+// faults, where FailNow must not be called.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.op.Lock()
@@ -188,7 +191,7 @@ func (s *Server) Restart() {
 		return // a campaign's crashes may overlap: this one found it up
 	}
 	if err := s.run(); err != nil {
-		s.t.Fatal(err)
+		s.t.Error(err)
 	}
 }
 
@@ -583,13 +586,14 @@ func (s *Server) ReplicaOf(master *Server) {
 	defer c.Close()
 	host, port, _ := net.SplitHostPort(master.Addr)
 	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
-		s.t.Fatal(err)
+		s.t.Error(err)
+		return
 	}
 	if err := poll(ctx, func() bool {
 		info, err := c.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	}); err != nil {
-		s.t.Fatalf("replica %s never synced with %s: %v", s.Addr, master.Addr, err)
+		s.t.Errorf("replica %s never synced with %s: %v", s.Addr, master.Addr, err)
 	}
 }
 
@@ -600,6 +604,6 @@ func (s *Server) Promote() {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	defer c.Close()
 	if err := c.ReplicaOf(context.Background(), "NO", "ONE").Err(); err != nil {
-		s.t.Fatal(err)
+		s.t.Error(err)
 	}
 }
