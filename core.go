@@ -278,7 +278,9 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	// the call, which is no earlier.
 	a.reserveSent = c.clock.Now()
 	if !offDeadlines {
-		ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		// The timeout counts from reserveSent too (alarms is on the
+		// same clock): the memory store's look at it reads no clock.
+		ctx = a.ops.ArmAt(c.alarms, ctx, c.cfg.StoreTimeout, a.reserveSent)
 		defer a.ops.Disarm()
 	}
 	ctx, end := c.span(ctx, "idem.reserve")
