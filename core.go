@@ -30,6 +30,7 @@ type core struct {
 	hub     hub
 	limits  *scopeLimits
 	timed   bool // Metrics is not the no-op default: time store calls
+	wall    bool // clock is the wall clock (no Config.Clock)
 	// clock is GuardConfig.Clock or the wall clock, and alarms the list of
 	// alarms on it: store-call deadlines and lease renewals.
 	clock  deadline.Clock
@@ -54,8 +55,9 @@ func newCore(store idemstore.Store, c *GuardConfig) *core {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
-	co.clock, co.alarms = deadline.WallClock, deadline.Wall
+	co.clock, co.alarms, co.wall = deadline.WallClock, deadline.Wall, true
 	if cfg.Clock != nil {
+		co.wall = false
 		co.clock = cfg.Clock
 		co.alarms = deadline.NewAlarms(cfg.Clock)
 	}
@@ -178,21 +180,37 @@ func (v *verdict) runs() bool {
 // Config.Wait. It reports the decision to Metrics and the span, and logs
 // the refusals that deserve a line.
 func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
-	if c.limits != nil {
-		ok, retry := c.limits.admit(a.id().Scope, c.clock.Now())
-		if !ok {
-			a.decision(DecisionTooManyKeys)
-			return verdict{d: DecisionTooManyKeys, retry: retry}
-		}
-		defer func() {
-			if v.runs() {
-				v.held = true
-			} else {
-				c.limits.refund(a.id().Scope)
-			}
-		}()
+	if c.limits == nil {
+		return c.claimKey(ctx, a)
 	}
+	ok, retry := c.limits.admit(a.id().Scope, c.clock.Now())
+	if !ok {
+		a.decision(DecisionTooManyKeys)
+		return verdict{d: DecisionTooManyKeys, retry: retry}
+	}
+	defer func() {
+		if v.runs() {
+			v.held = true
+		} else {
+			c.limits.refund(a.id().Scope)
+		}
+	}()
+	return c.claimKey(ctx, a)
+}
+
+// claimKey is claim past the per-scope limits. Its one defer, outside the
+// loop, is open-coded (a defer in a loop, or two defers in a function of
+// this many returns, make the compiler run every defer of the function
+// through the runtime's defer records, a hundred instructions on every
+// call, a replay's too).
+func (c *core) claimKey(ctx context.Context, a *attempt) verdict {
 	var waitOver <-chan struct{}
+	var stopWait func() bool // set once claimKey waits
+	defer func() {
+		if stopWait != nil {
+			stopWait()
+		}
+	}()
 	for {
 		res, err := c.reserve(ctx, a)
 		if untrusted(err) {
@@ -242,9 +260,7 @@ func (c *core) claim(ctx context.Context, a *attempt) (v verdict) {
 			return verdict{d: DecisionInProgress, retry: retryAfter(c.clock.Now(), rec)}
 		}
 		if waitOver == nil {
-			var stop func() bool
-			waitOver, stop = c.after(c.cfg.Wait)
-			defer stop()
+			waitOver, stopWait = c.after(c.cfg.Wait)
 		}
 		if !c.wait(ctx, a, rec, waitOver) {
 			if err := ctx.Err(); err != nil {
@@ -262,11 +278,18 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	// the call, which is no earlier.
 	a.reserveSent = c.clock.Now()
 	if !offDeadlines {
-		ctx = a.ops.Arm(c.alarms, ctx, c.cfg.StoreTimeout)
+		// The timeout counts from reserveSent too (alarms is on the
+		// same clock): the memory store's look at it reads no clock.
+		ctx = a.ops.ArmAt(c.alarms, ctx, c.cfg.StoreTimeout, a.reserveSent)
 		defer a.ops.Disarm()
 	}
 	ctx, end := c.span(ctx, "idem.reserve")
-	start := c.clockStart()
+	// On the wall clock, the reading of reserveSent times the call too:
+	// one clock reading a request fewer.
+	start := a.reserveSent
+	if !c.wall {
+		start = c.clockStart()
+	}
 	defer func() {
 		c.storeCall("reserve", start, err)
 		end(err)

@@ -122,16 +122,33 @@ func (f frozen) expiresAt() time.Time {
 }
 
 // is reports whether the record's identity is id, without decoding it.
+// A replay asks it of the record its identity's hash found: the three
+// strings are compared in turn, without building an array of them (a third
+// of the cost of a replay's lookup when they were).
 func (f frozen) is(id idemstore.Identity) bool {
-	b := f[12:]
-	for _, s := range [...]string{id.Scope, id.Endpoint, id.Key} {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || uint64(len(s)) != n || string(b[k:k+int(n)]) != s {
-			return false
-		}
-		b = b[k+int(n):]
+	b, ok := cutString(f[12:], id.Scope)
+	if ok {
+		b, ok = cutString(b, id.Endpoint)
 	}
-	return true
+	if ok {
+		_, ok = cutString(b, id.Key)
+	}
+	return ok
+}
+
+// cutString reports whether b starts with appendBytes's encoding of s, and
+// returns the rest of b after it.
+func cutString(b []byte, s string) ([]byte, bool) {
+	n, k := uint64(0), 0
+	if len(b) > 0 && b[0] < 0x80 { // a length below 128: one byte
+		n, k = uint64(b[0]), 1
+	} else {
+		n, k = binary.Uvarint(b)
+	}
+	if k <= 0 || uint64(len(s)) != n || string(b[k:k+len(s)]) != s {
+		return nil, false
+	}
+	return b[k+len(s):], true
 }
 
 // identity is the record's identity.

@@ -116,10 +116,17 @@ func TestFreezeThaw(t *testing.T) {
 				if !f.is(want.Identity) || f.identity() != want.Identity {
 					t.Errorf("identity %+v, want %+v", f.identity(), want.Identity)
 				}
-				other := want.Identity
-				other.Key += "x"
-				if f.is(other) {
-					t.Errorf("is(%+v) = true", other)
+				for _, edit := range []func(*idemstore.Identity){
+					func(id *idemstore.Identity) { id.Key += "x" },
+					func(id *idemstore.Identity) { id.Key = id.Key[:len(id.Key)-1] + "x" }, // same length
+					func(id *idemstore.Identity) { id.Scope += "x" },
+					func(id *idemstore.Identity) { id.Endpoint = "x" + id.Endpoint[1:] },
+				} {
+					other := want.Identity
+					edit(&other)
+					if f.is(other) {
+						t.Errorf("is(%+v) = true", other)
+					}
 				}
 				if !f.expiresAt().Equal(want.ExpiresAt) || f.expired(want.ExpiresAt.Add(-1)) || !f.expired(want.ExpiresAt) {
 					t.Errorf("expiresAt %v, want %v", f.expiresAt(), want.ExpiresAt)

@@ -12,7 +12,8 @@ import (
 // completion). It carries the request's values but not its cancellation, so
 // a client that hangs up does not stop the outcome from being recorded, and
 // it expires StoreTimeout after each arm (counted from the store's first
-// look at it, which comes at once: arming reads no clock). Its deadline is
+// look at it, which comes at once: arming reads no clock; or from the clock
+// reading ArmAt is given). Its deadline is
 // on the clock of the alarm list it is armed on.
 //
 // It costs the hot path nothing it does not use: embedded in the attempt, it
@@ -28,10 +29,11 @@ type Ctx struct {
 	mu       sync.Mutex
 	alarms   *Alarms // the list of this arm
 	timeout  time.Duration
-	deadline time.Time // zero until start
+	deadline time.Time // zero until start; with from, the arm's clock reading
 	gen      uint64    // counts arms, so a late expiry cannot hit a later call
 	armed    bool      // between arm and disarm
 	watched  bool      // its alarm is set for this arm
+	from     bool      // deadline holds ArmAt's reading, not the deadline yet
 	// running counts the AfterFunc callbacks of an expiry still running:
 	// one cancels a derived context and asks Err and Value of the arm that
 	// expired (context.Cause), so the next arm waits for them before it
@@ -55,6 +57,17 @@ type afterFunc struct {
 // Arm starts a call: the context expires d from now on the clock of
 // alarms. A context that expired during an earlier call starts afresh.
 func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) context.Context {
+	return c.arm(alarms, values, d, time.Time{})
+}
+
+// ArmAt is Arm for a caller that has just read the clock of alarms: the
+// context expires d after now, and its first look reads no clock.
+func (c *Ctx) ArmAt(alarms *Alarms, values context.Context, d time.Duration, now time.Time) context.Context {
+	return c.arm(alarms, values, d, now)
+}
+
+// arm is Arm, counted from now when now is not zero.
+func (c *Ctx) arm(alarms *Alarms, values context.Context, d time.Duration, now time.Time) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.running > 0 {
@@ -70,7 +83,7 @@ func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) conte
 	if c.err != nil {
 		c.done, c.err, c.funcs = nil, nil, nil
 	}
-	c.timeout, c.deadline = d, time.Time{}
+	c.timeout, c.deadline, c.from = d, now, !now.IsZero()
 	c.armed, c.watched = true, false
 	c.gen++
 	return c
@@ -80,11 +93,18 @@ func (c *Ctx) Arm(alarms *Alarms, values context.Context, d time.Duration) conte
 // starts at once after arm, and a call that never looks costs no clock
 // read. It returns the deadline. c.mu is held.
 func (c *Ctx) start() time.Time {
-	if c.deadline.IsZero() {
+	switch {
+	case c.from:
+		c.deadline, c.from = c.deadline.Add(c.timeout), false
+	case c.deadline.IsZero():
 		c.deadline = c.alarms.clock.Now().Add(c.timeout)
 	}
 	return c.deadline
 }
+
+// started reports whether start has set the deadline of this arm. c.mu
+// is held.
+func (c *Ctx) started() bool { return !c.deadline.IsZero() && !c.from }
 
 // Disarm ends a call: the context does not expire until the next arm.
 func (c *Ctx) Disarm() {
@@ -191,7 +211,7 @@ func (c *Ctx) Done() <-chan struct{} {
 // Err implements context.Context.
 func (c *Ctx) Err() error {
 	c.mu.Lock()
-	if c.err == nil && c.armed && c.deadline.IsZero() {
+	if c.err == nil && c.armed && !c.started() {
 		c.start() // the first look: the deadline is ahead
 	} else if c.err == nil && c.armed && !c.alarms.clock.Now().Before(c.deadline) {
 		funcs := c.expireLocked(context.DeadlineExceeded)

@@ -130,6 +130,44 @@ func TestCtx(t *testing.T) {
 // TestCtxCancel: Cancel ends an armed context at once with
 // context.Canceled (its Done closes, derived contexts follow), leaves its
 // later expiry without effect, and does nothing to a disarmed one.
+// TestCtxArmAt: the deadline counts from the reading given, not from the
+// first look; the first look (Err, as the memory store's) finds it ahead,
+// later looks compare the clock; Arm again counts from its own first look.
+func TestCtxArmAt(t *testing.T) {
+	t.Parallel()
+	clock := newClock()
+	alarms := NewAlarms(clock)
+	var c Ctx
+	at := clock.Now()
+	clock.Advance(5 * time.Second) // between the reading and the first look
+	ctx := c.ArmAt(alarms, context.Background(), 30*time.Second, at)
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("first look: %v", err)
+	}
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(at.Add(30*time.Second)) {
+		t.Fatalf("deadline %v %v, want 30s from the reading given", d, ok)
+	}
+	done := ctx.Done()
+	clock.Advance(25*time.Second - time.Nanosecond)
+	if isClosed(done) || ctx.Err() != nil {
+		t.Fatalf("expired before the deadline: %v", ctx.Err())
+	}
+	clock.Advance(time.Nanosecond)
+	within(t, done, "the context did not expire at the deadline")
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatalf("after the deadline: %v", ctx.Err())
+	}
+	c.Disarm()
+
+	ctx = c.Arm(alarms, context.Background(), 30*time.Second)
+	clock.Advance(time.Second)
+	if d, ok := ctx.Deadline(); ctx.Err() != nil || !ok || !d.Equal(clock.Now().Add(30*time.Second)) {
+		t.Fatalf("rearmed: err %v, deadline %v, want 30s from the first look", ctx.Err(), d)
+	}
+	c.Disarm()
+	requireEmpty(t, alarms)
+}
+
 func TestCtxCancel(t *testing.T) {
 	t.Parallel()
 	clock := newClock()
