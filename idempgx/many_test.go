@@ -178,3 +178,58 @@ func TestManyMerge(t *testing.T) {
 		t.Errorf("a single reservation merged: %v", out)
 	}
 }
+
+// TestManyGroupWithLostLease sends, in one group, merged reservations of
+// new keys and the completions of a key whose lease another attempt took
+// over: the stale completion loses its lease, the new one completes, and
+// the reservations take effect.
+func TestManyGroupWithLostLease(t *testing.T) {
+	t.Parallel()
+	s := newGroupStore(t, 0)
+	ctx := t.Context()
+	taken := idemstore.Identity{Endpoint: "e", Key: "taken"}
+	reserve := func(tok string, lease time.Duration) *idemstore.ReserveResult {
+		t.Helper()
+		res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: taken, Fingerprint: fp1, Token: tok,
+			Lease: lease, TTL: ttl, LeaseExpiredState: idemstore.StateReleased})
+		if err != nil || !res.Reserved {
+			t.Fatalf("KeyReserve %s: %v, %+v", tok, err, res)
+		}
+		return res
+	}
+	reserve("old", time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	reserve("new", lease) // the expired lease is taken over
+	var calls []func(context.Context) error
+	for _, tok := range []string{"old", "new"} {
+		calls = append(calls, func(ctx context.Context) error {
+			return s.KeyComplete(ctx, &idemstore.CompleteParams{Identity: taken, Token: tok, Response: sampleResponse()})
+		})
+	}
+	for i := range 4 {
+		calls = append(calls, func(ctx context.Context) error {
+			res, err := s.KeyReserve(ctx, &idemstore.ReserveParams{Identity: idemstore.Identity{Endpoint: "e", Key: fmt.Sprint("k", i)},
+				Fingerprint: fp1, Token: fmt.Sprint("t", i), Lease: lease, TTL: ttl})
+			if err == nil && !res.Reserved {
+				return errors.New("not reserved")
+			}
+			return err
+		})
+	}
+	errs := groupOf(t, s.group, calls)
+	if s.group.merged.Load() == 0 {
+		t.Fatal("no reservations were merged")
+	}
+	if !errors.Is(errs[0], idemstore.ErrLeaseLost) {
+		t.Errorf("stale completion: %v, want ErrLeaseLost", errs[0])
+	}
+	for i, err := range errs[1:] {
+		if err != nil {
+			t.Errorf("call %d: %v", i+1, err)
+		}
+	}
+	rec, err := s.KeyGet(ctx, taken)
+	if err != nil || rec.State != idemstore.StateCompleted || rec.Token != "new" {
+		t.Errorf("KeyGet: %v, %+v", err, rec)
+	}
+}
