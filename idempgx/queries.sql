@@ -54,13 +54,14 @@ WHERE k.scope = $1::text AND k.endpoint = $2::text AND k.key = $3::text
 -- the i-th call's (the calls in the order of their identities, which is
 -- the order the rows are written and locked in). A statement's set-up and
 -- end (bind, executor start-up, the check's expression) are paid once per
--- group instead of once per call: some 130,000 fewer instructions of the
+-- group instead of once per call: some 125,000 fewer instructions of the
 -- server per new key in groups of four (scripts/bench/pgmultirow.sh). It
 -- returns the token of each record it inserted: a token is new for each
 -- reservation, so it names the call. generate_subscripts, not unnest: the
 -- planner's estimate of its rows does not depend on the arrays, so that
 -- the plan cache keeps one generic plan instead of planning each
--- execution anew (with unnest, some 250,000 instructions more per new key).
+-- execution anew (with unnest, some 290,000 instructions more per new key
+-- in groups of four).
 -- $1 scopes, $2 endpoints, $3 keys, $4 tokens, $5 fingerprints, $6 nows,
 -- $7 locked_untils, $8 expires_ats, $9 lease_expired_states, $10 ttls.
 INSERT INTO {{schema}}.idem_keys AS k (
