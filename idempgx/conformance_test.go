@@ -24,12 +24,24 @@ func TestStorePartitioned(t *testing.T) {
 }
 
 // TestStoreGroupCommit runs the conformance suite with the statements of
-// concurrent calls grouped.
+// concurrent calls grouped (and their reservations merged).
 func TestStoreGroupCommit(t *testing.T) {
 	t.Parallel()
 	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
 		s := newTestStore(t, clock.Now)
-		s.group = newGrouper(s.send)
+		s.group = s.newGroup()
+		s.group.flights = 1
+		return s
+	})
+}
+
+// TestStorePartitionedGroupCommit runs the conformance suite grouped on a
+// partitioned key table.
+func TestStorePartitionedGroupCommit(t *testing.T) {
+	t.Parallel()
+	idemtest.RunStoreTests(t, func(t *testing.T, clock *idemtest.Clock) idemstore.Store {
+		s := newPartitionedStore(t, clock.Now, 4)
+		s.group = s.newGroup()
 		s.group.flights = 1
 		return s
 	})

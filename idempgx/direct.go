@@ -248,6 +248,11 @@ func (b *builder) encode(sd *pgconn.StatementDescription, args []any) bool {
 			if null = v == nil; !null {
 				b.buf = appendInterval(b.buf, *v)
 			}
+		case *manyArg:
+			var ok bool
+			if b.buf, ok = appendArray(b.buf, v, oid); !ok {
+				return false
+			}
 		case bool:
 			if oid != pgtype.BoolOID {
 				return false
@@ -433,6 +438,9 @@ func (r *directResults) trace(sql string, args []any, tag pgconn.CommandTag, err
 // readDirect reads c's results from r. A reservation's record is not
 // decoded when its insert wrote one: the caller built it.
 func (c *groupCall) readDirect(r *directResults) error {
+	if c.members != nil {
+		return c.readMany(r)
+	}
 	if c.find == "" {
 		return r.queryRow(c.sql, c.args, c.dest)
 	}

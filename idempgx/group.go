@@ -41,16 +41,24 @@ const maxGroup = 16
 // statement sent alone, its outcome is unknown. Statements are sent in the
 // order of their identities, the only rows they lock, so that two groups
 // never wait for each other's locks in opposite orders.
+//
+// A group's reservations, when two or more, go as one statement over
+// arrays in the place of the first (many.go): its rows are written in the
+// order of their identities too, before any other call's that falls
+// between them. (A deadlock, should one come of it, is the server's
+// refusal: the group runs call by call.)
 type grouper struct {
 	pool    *pgxpool.Pool
 	sender  *sender
 	flights int
+	many    *manyStatements // nil: no call is merged
 
 	mu     sync.Mutex
 	active int // flights in use
 	queue  []*groupCall
 
 	grouped atomic.Int64 // statements sent in groups of two or more
+	merged  atomic.Int64 // calls sent merged (see many.go)
 }
 
 // groupCall is one statement of a group: it returns one row, scanned into
@@ -67,6 +75,8 @@ type groupCall struct {
 	found    *recordScan
 	inserted bool
 	err      error
+	// members: a merged call's calls (see many.go).
+	members []*groupCall
 	// deadline is the caller's context's, if it has one.
 	deadline    time.Time
 	hasDeadline bool
@@ -244,9 +254,25 @@ func (g *grouper) send(ctx context.Context, group []*groupCall) {
 			strings.Compare(a.id.Endpoint, b.id.Endpoint), strings.Compare(a.id.Key, b.id.Key))
 	})
 	g.grouped.Add(int64(len(group)))
-	if err := g.sender.exec(gctx, group); isPgError(err) {
+	calls := group
+	if g.many != nil && g.sender.prepare {
+		calls = g.many.merge(group)
+		if len(calls) < len(group) {
+			g.merged.Add(int64(len(group) - len(calls) + 1))
+		}
+	}
+	err := g.sender.exec(gctx, calls)
+	if isPgError(err) {
 		for _, c := range group {
 			c.err = errGroupRolledBack
+		}
+		return
+	}
+	for _, mc := range calls {
+		if mc.members != nil && mc.err != nil {
+			for _, c := range mc.members {
+				c.err = mc.err
+			}
 		}
 	}
 }

@@ -88,8 +88,8 @@ func TestMigrate(t *testing.T) {
 func TestEmbeddedSQL(t *testing.T) {
 	t.Parallel()
 	loadQueries(`"s"`, "c") // panics when a statement is missing
-	if len(statements) != 20 {
-		t.Errorf("queries.sql has %d statements, want 20", len(statements))
+	if len(statements) != 22 {
+		t.Errorf("queries.sql has %d statements, want 22", len(statements))
 	}
 	if len(migrations) == 0 {
 		t.Fatal("no embedded migrations")

@@ -377,3 +377,50 @@ func TestUnknownSinceFollowsTheState(t *testing.T) {
 		t.Errorf("the completion made %d HOT updates, want 1", hot)
 	}
 }
+
+// TestManyPlansUsePrimaryKey pins down that find_many, the read of a
+// merged group of reservations, finds each call's record by the primary
+// key, in a generic plan and in a custom one, on an empty table and on one
+// of analyzed records: pulled up into a join, the planner hashes a small
+// table's rows, and a generic plan made then would read every record on
+// every group once the table has grown. (A completion over arrays, an
+// UPDATE … FROM, could not be pinned so in PostgreSQL 15: its target is
+// joined as the planner chooses, and it chose a scan of the table, even for
+// ctid = ANY of the rows a lateral subquery found; completions go one
+// statement each.)
+func TestManyPlansUsePrimaryKey(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	const findArgs = `'{"",""}', '{POST /v1/payments,POST /v1/payments}', '{key-1,key-2}', '{t1,t2}'`
+	for _, table := range []string{"empty", "analyzed"} {
+		if table == "analyzed" {
+			_, err := s.pool.Exec(ctx, `INSERT INTO `+s.schema+`.idem_keys (scope, endpoint, key, fingerprint,
+    state, token, locked_until, started_at, lease_expired_state, attempts, created_at, updated_at,
+    expires_at, ttl, response_status, response_header, response_body)
+SELECT '', 'POST /v1/payments', 'old-' || i, 'fp', 'completed', 't-' || i, now(), now(), 'unknown', 1,
+    now(), now(), now() + interval '1 day', interval '1 day', 201, '{}', ''::bytea
+FROM generate_series(1, 2000) AS i`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.pool.Exec(ctx, "ANALYZE "+s.schema+".idem_keys"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			t.Run(table+"/"+mode, func(t *testing.T) {
+				conn, err := pgx.Connect(ctx, testenv.PostgresURL(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close(context.Background())
+				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+					t.Fatal(err)
+				}
+				checkPlanUsesPrimaryKey(ctx, t, conn, "find_many", s.q.findMany, findArgs)
+			})
+		}
+	}
+}

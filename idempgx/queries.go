@@ -36,6 +36,9 @@ type queries struct {
 	reserve, find, reclaim, get, complete, release, markUnknown, delete, renew,
 	checkpoint, resolve, sweep, reap, list, wait string
 	purgeLock, purge, reconcileClaim, reconcileFail, backlog string
+	// reserveMany and findMany: reserve and find for several calls of a
+	// group in one statement each.
+	reserveMany, findMany string
 }
 
 // expand fills the placeholders of queries.sql and of the migrations: the
@@ -85,5 +88,8 @@ func loadQueries(schema, channel string) *queries {
 		reconcileClaim: q("reconcile_claim"),
 		reconcileFail:  q("reconcile_fail"),
 		backlog:        q("backlog"),
+
+		reserveMany: q("reserve_many"),
+		findMany:    q("find_many"),
 	}
 }

@@ -144,9 +144,18 @@ func New(pool *pgxpool.Pool, cfg *Config) *Store {
 	s := &Store{pool: pool, cfg: c, schema: schema, channel: channel, q: loadQueries(schema, channel), send: newSender(pool)}
 	s.notify = newNotifier(s)
 	if c.GroupCommit {
-		s.group = newGrouper(s.send)
+		s.group = s.newGroup()
 	}
 	return s
+}
+
+// newGroup returns a grouper for s's statements, which merges a group's
+// reservations (see many.go).
+func (s *Store) newGroup() *grouper {
+	g := newGrouper(s.send)
+	g.many = &manyStatements{reserve: s.q.reserve, find: s.q.find,
+		reserveMany: s.q.reserveMany, findMany: s.q.findMany}
+	return g
 }
 
 // querier is what a pool and a transaction have in common.
