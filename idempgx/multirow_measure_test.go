@@ -117,36 +117,6 @@ RETURNING i,
          WHEN pg_notify({{channel}}, {{notify_payload_k}}) IS NULL THEN 1::bigint
          ELSE 1::bigint END`
 
-// completeSaopSQL: no join: the rows found by the primary key with
-// = ANY, each matched to its call by its token (new for each reservation).
-const completeSaopSQL = `UPDATE {{schema}}.idem_keys AS k SET
-    state = 'completed',
-    response_status = ($6::integer[])[array_position($4::text[], k.token::text)],
-    response_header = ($7::jsonb[])[array_position($4::text[], k.token::text)],
-    response_body = ($8::bytea[])[array_position($4::text[], k.token::text)],
-    not_replayable = ($9::boolean[])[array_position($4::text[], k.token::text)],
-    updated_at = ($5::timestamptz[])[array_position($4::text[], k.token::text)],
-    unknown_since = NULL,
-    expires_at = CASE WHEN (k.state = 'unknown'
-           OR (k.state = 'in_progress' AND k.locked_until <= ($5::timestamptz[])[array_position($4::text[], k.token::text)]
-               AND k.lease_expired_state = 'unknown'))
-        THEN ($5::timestamptz[])[array_position($4::text[], k.token::text)] + coalesce(k.ttl, k.expires_at - k.created_at)
-        ELSE k.expires_at END
-WHERE k.scope = ANY($1::text[]) AND k.endpoint = ANY($2::text[]) AND k.key = ANY($3::text[])
-  AND k.token = ANY($4::text[])
-  AND CASE WHEN k.state IN ('in_progress', 'unknown')
-      THEN k.scope = ($1::text[])[array_position($4::text[], k.token::text)]
-       AND k.endpoint = ($2::text[])[array_position($4::text[], k.token::text)]
-       AND k.key = ($3::text[])[array_position($4::text[], k.token::text)]
-       AND (k.expires_at > ($5::timestamptz[])[array_position($4::text[], k.token::text)] OR k.state = 'unknown'
-            OR (k.state = 'in_progress' AND k.locked_until <= ($5::timestamptz[])[array_position($4::text[], k.token::text)]
-                AND k.lease_expired_state = 'unknown'))
-      ELSE false END
-RETURNING array_position($4::text[], k.token::text),
-    CASE WHEN NOT k.waiters THEN 0::bigint
-         WHEN pg_notify({{channel}}, {{notify_payload_k}}) IS NULL THEN 1::bigint
-         ELSE 1::bigint END`
-
 const completeSubsSQL = `UPDATE {{schema}}.idem_keys AS k SET
     state = 'completed',
     response_status = ($6::integer[])[i],
