@@ -30,7 +30,6 @@ type core struct {
 	hub     hub
 	limits  *scopeLimits
 	timed   bool // Metrics is not the no-op default: time store calls
-	wall    bool // clock is the wall clock (no Config.Clock)
 	// clock is GuardConfig.Clock or the wall clock, and alarms the list of
 	// alarms on it: store-call deadlines and lease renewals.
 	clock  deadline.Clock
@@ -55,9 +54,8 @@ func newCore(store idemstore.Store, c *GuardConfig) *core {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	co := &core{store: store, cfg: cfg, log: cfg.Logger}
-	co.clock, co.alarms, co.wall = deadline.WallClock, deadline.Wall, true
+	co.clock, co.alarms = deadline.WallClock, deadline.Wall
 	if cfg.Clock != nil {
-		co.wall = false
 		co.clock = cfg.Clock
 		co.alarms = deadline.NewAlarms(cfg.Clock)
 	}
@@ -287,7 +285,7 @@ func (c *core) reserve(ctx context.Context, a *attempt) (res *idemstore.ReserveR
 	// On the wall clock, the reading of reserveSent times the call too:
 	// one clock reading a request fewer.
 	start := a.reserveSent
-	if !c.wall {
+	if c.cfg.Clock != nil {
 		start = c.clockStart()
 	}
 	defer func() {
