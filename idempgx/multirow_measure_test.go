@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,9 +144,64 @@ RETURNING i,
          WHEN pg_notify({{channel}}, {{notify_payload_k}}) IS NULL THEN 1::bigint
          ELSE 1::bigint END`
 
+// completeCTESQL is g "complete" statements in one (the forms cte and
+// cte1, with the store's merged reservations): a data-modifying CTE per
+// call, its parameters renumbered (call j's are $9j+1 … $9j+9), each an
+// UPDATE by the whole primary key, and a row per call completed: the
+// call's number and complete's one column.
+func completeCTESQL(complete string, g int) string {
+	var b strings.Builder
+	for j := range g {
+		if j == 0 {
+			b.WriteString("WITH ")
+		} else {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "u%d AS (\n", j+1)
+		b.WriteString(renumber(strings.TrimSuffix(complete, ";"), 9*j))
+		b.WriteString("\n)")
+	}
+	for j := range g {
+		if j > 0 {
+			b.WriteString("\nUNION ALL ")
+		} else {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "SELECT %d, * FROM u%d", j+1, j+1)
+	}
+	return b.String()
+}
+
+// completeCTE1SQL is completeCTESQL returning one row of g columns, call
+// j's complete column in column j (NULL: not completed).
+func completeCTE1SQL(complete string, g int) string {
+	sql := completeCTESQL(complete, g)
+	sql = sql[:strings.Index(sql, "\nSELECT 1, * FROM u1")]
+	var b strings.Builder
+	b.WriteString(sql)
+	b.WriteString("\nSELECT ")
+	for j := range g {
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "(SELECT * FROM u%d)", j+1)
+	}
+	return b.String()
+}
+
+var paramRE = regexp.MustCompile(`\$[0-9]+`)
+
+// renumber adds off to every parameter number of sql.
+func renumber(sql string, off int) string {
+	return paramRE.ReplaceAllStringFunc(sql, func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		return "$" + strconv.Itoa(n+off)
+	})
+}
+
 // TestMeasureMultiRow drives one backend with IDEM_PGMULTI_N groups of
 // IDEM_PGMULTI_G new keys (form IDEM_PGMULTI_FORM: cur, multi, lateral,
-// ret, subs, pinned, pinnedret, half) on schema IDEM_PGMULTI_SCHEMA, for
+// ret, subs, pinned, pinnedret, half, cte, cte1) on schema IDEM_PGMULTI_SCHEMA, for
 // scripts/bench/pgmultirow.sh (a measurement, not a test: skipped unless
 // IDEM_PGMULTI_SCHEMA is set; IDEM_PGMULTI_SETUP=1 migrates the schema and
 // writes IDEM_PGMULTI_POPULATE completed records).
@@ -198,13 +255,13 @@ FROM generate_series(1, `+rows+`) AS i`, s.schema, s.channel))
 	if form == "subs" {
 		reserveM, findM, completeM = x(reserveSubsSQL), x(findSubsSQL), x(completeSubsSQL)
 	}
-	if form == "pinned" || form == "half" || form == "pinnedret" {
+	if form == "pinned" || form == "half" || form == "cte" || form == "cte1" || form == "pinnedret" {
 		reserveM, findM, completeM = x(reserveSubsSQL), x(findPinnedSQL), x(completePinnedSQL)
 	}
 	if form == "pinnedret" {
 		reserveM += " RETURNING k.token"
 	}
-	if form == "half" { // the store's statements (queries.sql), completions alone
+	if form == "half" || form == "cte" || form == "cte1" { // the store's statements (queries.sql), completions alone
 		reserveM, findM = s.q.reserveMany, s.q.findMany
 	}
 	if form == "ret" {
@@ -270,7 +327,25 @@ FROM generate_series(1, `+rows+`) AS i`, s.schema, s.channel))
 			t.Fatal(err)
 		}
 		var notified int64
-		if form == "half" {
+		if (form == "cte" || form == "cte1") && g > 1 {
+			args := make([]any, 0, 9*g)
+			for j := range g {
+				args = append(args, ids[j].Scope, ids[j].Endpoint, ids[j].Key, tokens[j], now, resp.status, resp.header, resp.body, false)
+			}
+			cc := &groupCall{sql: completeCTESQL(s.q.complete, g), args: args, dest: []any{&ord, &notified}}
+			if form == "cte1" {
+				dest := make([]any, g)
+				for j := range dest {
+					dest[j] = new(int64)
+				}
+				cc = &groupCall{sql: completeCTE1SQL(s.q.complete, g), args: args, dest: dest}
+			}
+			if err := s.send.exec(ctx, []*groupCall{cc}); err != nil || cc.err != nil {
+				t.Fatal(err, cc.err)
+			}
+			continue
+		}
+		if form == "half" || form == "cte" || form == "cte1" {
 			calls := make([]*groupCall, g)
 			for j := range g {
 				calls[j] = &groupCall{id: ids[j], sql: s.q.complete, dest: []any{&notified},

@@ -16,7 +16,10 @@
 # idempgx/multirow_measure_test.go): cur (today's statements, sent by the
 # store's sender), pinned (one statement each over arrays, plans pinned),
 # half (pinned reservations, today's completions), multi and lateral (plain
-# unnest joins), ret (multi with RETURNING). GS="1 2 4 8" N1=20 N2=120
+# unnest joins), ret (multi with RETURNING), cte (half's reservations, a
+# group's completions as one statement of a data-modifying CTE per call,
+# each complete's UPDATE; today's completion for a group of one), cte1 (cte
+# returning one row of a column per call). GS="1 2 4 8" N1=20 N2=120
 # PGOPTS (server options, e.g. "-c plan_cache_mode=force_generic_plan").
 set -euo pipefail
 
