@@ -13,9 +13,11 @@
 # The cost measure (MEASURE):
 #   cpu           (default) user + system CPU time of the process per
 #                 operation (GNU time), garbage collection on other threads
-#                 included; less that of a 1-iteration run.
+#                 included; less that of a 2-iteration run
+#                 (a benchmark counting b.N runs its set-up twice; see
+#                 instructions.sh), over ITERATIONS - 2.
 #   instructions  instructions executed per operation, counted by valgrind's
-#                 callgrind (all threads), less those of a 1-iteration run,
+#                 callgrind (all threads), less those of a 2-iteration run,
 #                 with the garbage collector off (GOGC=off: whether a run
 #                 holds one collection more or less would move the count by
 #                 more than a feature costs; allocs/op and B/op show what
@@ -36,6 +38,7 @@
 set -eu
 pkg=$1 bench=$2 n=$3 rounds=$4
 shift 4
+[ "$n" -gt 2 ] || { echo "features.sh: ITERATIONS must exceed 2" >&2; exit 2; }
 features=${*:-canonical heartbeat metrics logging recorder crypt deadlines bodytimeout}
 MEASURE=${MEASURE:-cpu}
 cd "$(dirname "$0")/../.."
@@ -75,7 +78,7 @@ unit="CPU µs/op"
 echo "features.sh: $pkg $bench, $n iterations, $rounds rounds, $MEASURE, commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+dirty'), load average $(cut -d ' ' -f 1-3 /proc/loadavg) at the start"
 for r in $(seq 1 "$rounds"); do
 	for f in none $features; do
-		one=$(cost "$f" 1)
+		one=$(cost "$f" 2)
 		many=$(cost "$f" "$n")
 		echo "$r $f $many ${one##* }"
 	done
@@ -84,7 +87,7 @@ function median(a, k,   i, j, t) {
 	for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
 	return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
 }
-{ ns[$1, $2] = $3; bytes[$1, $2] = $4; allocs[$1, $2] = $5; cost[$1, $2] = ($6 - $7) / n; if ($1 > rounds) rounds = $1 }
+{ ns[$1, $2] = $3; bytes[$1, $2] = $4; allocs[$1, $2] = $5; cost[$1, $2] = ($6 - $7) / (n - 2); if ($1 > rounds) rounds = $1 }
 END {
 	k = split(features, fs, " ")
 	fmt = m == "cpu" ? "%.2f" : "%.0f"

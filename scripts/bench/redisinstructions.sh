@@ -9,8 +9,9 @@
 # server runs under valgrind's callgrind on PORT (default 16390, --save ''
 # --appendonly no) and serves the benchmark alone; its counters are zeroed
 # before a run and read after it (callgrind_control), and the figure is
-# those of an ITERATIONS-iteration run less those of a 1-iteration run (the
-# benchmark's set-up), divided by ITERATIONS, after one run that is not
+# those of an ITERATIONS-iteration run less those of a 2-iteration run (the
+# benchmark's set-up, which a benchmark counting b.N runs twice: see
+# instructions.sh), divided by ITERATIONS - 2, after one run that is not
 # counted (it loads the scripts). The figure includes the benchmark's
 # removal of its keys at the end of a run (SCAN, UNLINK), a few thousand
 # instructions per new key. As with instructions.sh, the count is
@@ -28,6 +29,7 @@
 set -eu
 bin=$1 n=$2
 shift 2
+[ "$n" -gt 2 ] || { echo "redisinstructions.sh: ITERATIONS must exceed 2" >&2; exit 2; }
 port=${PORT:-16390}
 work=$(mktemp -d)
 valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
@@ -59,10 +61,12 @@ count() {
 }
 for b in "$@"; do
 	run "$b" 1
-	one=$(count "$b" 1 | head -1)
-	many=$(count "$b" "$n")
-	echo "$many" | awk -v b="$b" -v n="$n" -v one="$one" '
-		NR == 1 { total = $1; next }
-		{ split($0, kv, "="); calls = calls sprintf(" %s=%.2f", kv[1], kv[2] / n) }
-		END { printf "%s: %.0f server instructions/op, commands/op:%s\n", b, (total - one) / n, calls }'
+	count "$b" 2 >"$work/two"
+	count "$b" "$n" >"$work/many"
+	awk -v b="$b" -v n="$n" '
+		FNR == 1 { if (NR == 1) two = $1; else total = $1; next }
+		{ split($0, kv, "=") }
+		NR == FNR { base[kv[1]] = kv[2]; next }
+		{ calls = calls sprintf(" %s=%.2f", kv[1], (kv[2] - base[kv[1]]) / (n - 2)) }
+		END { printf "%s: %.0f server instructions/op, commands/op:%s\n", b, (total - two) / (n - 2), calls }' "$work/two" "$work/many"
 done
