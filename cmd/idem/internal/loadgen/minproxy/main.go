@@ -113,11 +113,13 @@ func (s *pgStore) finish(ctx context.Context, key string, answer []byte) error {
 // transaction (BEGIN IMMEDIATE), takes every write queued by then, runs
 // them, commits once and only then answers each (a failed statement or
 // commit fails the whole batch). No leader hand-off, yield, savepoints or
-// batch bound: idemsqlite's batcher does those.
+// batch bound: idemsqlite's batcher does those. The statements are
+// prepared once, as idemsqlite's are.
 //
 // A replay is read by the writer too: the insert that finds the key, then a
 // SELECT on the same connection, in a transaction that writes nothing for
-// it. That is the cheaper of the two: a read pool costs a new key a read
+// it (a batch of replays alone commits without a WAL write or an fsync).
+// That is the cheaper of the two: a read pool costs a new key a read
 // before its insert when it reads first, and a replay a second connection
 // and read transaction after the insert when it writes first; what the
 // writer costs instead is that replays take turns on one goroutine.
