@@ -26,13 +26,16 @@
 # answer a Go proxy gives without forwarding, a replay's. And BASELINES may
 # name "minimal": cmd/idem/internal/loadgen/minproxy, the bare proxy plus the
 # least a durable idempotency layer does with the same store clients (a new
-# key: insert the key, forward, store the answer, two round trips in
-# sequence, each its own commit; a replay: the stored answer), on each store
-# of STORES among redis and postgres, as the target "minimal-STORE" (Redis
-# prefix TAG-min:, PostgreSQL table TAG_min.keys with application_name
-# TAG_min). It is the floor of a new key for any layer that sends its two
-# writes one by one: a layer ahead of the peer by more than the peer is
-# behind it must beat that floor.
+# key: insert the key, forward, store the answer, two writes in sequence,
+# each durable before it goes on; a replay: the stored answer), on each
+# store of STORES among redis, postgres and sqlite, as the target
+# "minimal-STORE" (Redis prefix TAG-min:, PostgreSQL table TAG_min.keys with
+# application_name TAG_min, SQLite the file minimal.db beside idem's, at the
+# same SQLITE_SYNC). Redis and PostgreSQL writes go one by one; SQLite's
+# share commits (one writer takes every write queued when it begins a
+# transaction). It is the floor of a new key for any layer with the same
+# store: a layer ahead of the peer by more than the peer is behind it must
+# beat that floor.
 #
 # Every run also takes the client's CPU per request (wrk's user + system
 # time, from bash's time): on this machine wrk shares the cores with the
@@ -225,6 +228,7 @@ if [[ " $BASELINES " == *" minimal "* ]]; then
 		postgres)
 			psql -q "$PG_URL" -c "CREATE SCHEMA ${TAG}_min" >/dev/null
 			url=$(with_param "$(with_param "$PG_URL" "table=${TAG}_min.keys")" "application_name=${TAG}_min") ;;
+		sqlite) url="sqlite:$work/minimal.db?synchronous=$SQLITE_SYNC" ;;
 		*) continue ;;
 		esac
 		port_of[minimal-$store]=$((PORT + n))

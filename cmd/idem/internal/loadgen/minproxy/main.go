@@ -1,29 +1,39 @@
 // Command minproxy is the minimal idempotency layer of the end-to-end
 // benchmark (scripts/bench/proxy.sh, BASELINES="minimal"): the bare reverse
 // proxy plus the least a durable layer must do per request with the same
-// store clients as idem and the peer (go-redis, pgx), and nothing else. A
-// new key is two store round trips in sequence: before forwarding, the key
-// is inserted (Redis SET NX; a PostgreSQL INSERT into a table with only a
-// primary key, its own commit); after, the answer's status, Content-Type
-// and body are stored under it (SET; UPDATE, its own commit), before the
-// answer is sent. A key found with an answer is a replay, answered from
-// the store without forwarding (Redis: the same SET NX returns it, one
-// round trip; PostgreSQL: the insert, then a SELECT); a key found without
-// one is answered 409 (and so is every retry of a key whose forward failed:
-// the benchmark's never do). No fingerprint, lease, fencing token, index,
-// retention, retry, grouping, batching, metrics or problem documents: what
-// a hand-written layer sends, as a floor for a new key's cost.
+// store clients as idem and the peer (go-redis, pgx, modernc.org/sqlite),
+// and nothing else. A new key is two store writes in sequence: before
+// forwarding, the key is inserted (Redis SET NX; a SQL INSERT into a table
+// with only a primary key, durable before the layer goes on); after, the
+// answer's status, Content-Type and body are stored under it (SET; UPDATE,
+// durable too), before the answer is sent. A key found with an answer is a
+// replay, answered from the store without forwarding (Redis: the same SET
+// NX returns it, one round trip; SQL: the insert, then a SELECT); a key
+// found without one is answered 409 (and so is every retry of a key whose
+// forward failed: the benchmark's never do). No fingerprint, lease, fencing
+// token, index, retention, retry, metrics or problem documents: what a
+// hand-written layer sends, as a floor for a new key's cost.
+//
+// PostgreSQL commits each write on its own (16 connections); SQLite, which
+// has one writer, shares commits the simplest way (see sqliteStore), so that
+// at 16 concurrent requests it is a floor for idemsqlite's group commit,
+// not a layer that queues for one fsync per write.
 //
 //	go run ./cmd/idem/internal/loadgen/minproxy --listen 127.0.0.1:9002 \
 //	    --upstream http://127.0.0.1:9000 --store 'redis://127.0.0.1:6379/0?prefix=min:'
 //
-// --store takes redis://…?prefix=P (keys P + the Idempotency-Key) or
-// postgres://…?table=SCHEMA.TABLE (created if missing; 16 connections).
+// --store takes redis://…?prefix=P (keys P + the Idempotency-Key),
+// postgres://…?table=SCHEMA.TABLE (created if missing; 16 connections) or
+// sqlite:PATH?synchronous=FULL|NORMAL (the file created if missing, opened
+// as idemsqlite opens it: WAL, the synchronous setting, FULL by default, a
+// 5 s busy timeout).
 package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,11 +44,13 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/idem-dev/idem/cmd/idem/internal/loadgen"
 )
@@ -95,7 +107,194 @@ func (s *pgStore) finish(ctx context.Context, key string, answer []byte) error {
 	return err
 }
 
+// sqliteStore is SQLite with the least group commit that lets writes
+// arriving together share a commit, and so an fsync: one write connection,
+// owned by a writer goroutine that takes the write that wakes it, begins a
+// transaction (BEGIN IMMEDIATE), takes every write queued by then, runs
+// them, commits once and only then answers each (a failed statement or
+// commit fails the whole batch). No leader hand-off, yield, savepoints or
+// batch bound: idemsqlite's batcher does those. The statements are
+// prepared once, as idemsqlite's are.
+//
+// A replay is read by the writer too: the insert that finds the key, then a
+// SELECT on the same connection, in a transaction that writes nothing for
+// it (a batch of replays alone commits without a WAL write or an fsync).
+// That is the cheaper of the two: a read pool costs a new key a read
+// before its insert when it reads first, and a replay a second connection
+// and read transaction after the insert when it writes first; what the
+// writer costs instead is that replays take turns on one goroutine.
+type sqliteStore struct {
+	db            *sql.DB
+	conn          *sql.Conn // the write connection, the writer's
+	ins, upd, sel *sql.Stmt // prepared on conn
+	queue         chan *sqliteWrite
+	stopped       chan struct{} // closed when the writer returns
+	// commits and writes count the committed transactions and the writes
+	// they held (tests).
+	commits, writes atomic.Int64
+}
+
+// sqliteWrite is one write queued for the writer.
+type sqliteWrite struct {
+	key    string
+	answer []byte // nil for the insert
+	taken  bool   // the insert found the key
+	held   []byte // what the key held then
+	err    error
+	done   chan struct{} // closed when the write's transaction ended
+}
+
+func (s *sqliteStore) insert(ctx context.Context, key string) (bool, []byte, error) {
+	w := &sqliteWrite{key: key}
+	if err := s.do(ctx, w); err != nil {
+		return false, nil, err
+	}
+	return w.taken, w.held, nil
+}
+
+func (s *sqliteStore) finish(ctx context.Context, key string, answer []byte) error {
+	return s.do(ctx, &sqliteWrite{key: key, answer: answer})
+}
+
+// do queues w and waits until its transaction committed or failed.
+func (s *sqliteStore) do(ctx context.Context, w *sqliteWrite) error {
+	w.done = make(chan struct{})
+	s.queue <- w
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// write is the writer: one transaction per batch until the queue closes.
+func (s *sqliteStore) write() {
+	defer close(s.stopped)
+	ctx := context.Background()
+	for w := range s.queue {
+		batch := []*sqliteWrite{w}
+		_, err := s.conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+	take: // the writes queued while the transaction began join it
+		for {
+			select {
+			case w, ok := <-s.queue:
+				if !ok {
+					break take
+				}
+				batch = append(batch, w)
+			default:
+				break take
+			}
+		}
+		if err == nil {
+			err = s.run(ctx, batch)
+		}
+		for _, w := range batch {
+			if err != nil {
+				w.err = err
+			}
+			close(w.done)
+		}
+	}
+}
+
+// run runs batch in the transaction begun and commits it, or rolls it back
+// when a statement failed.
+func (s *sqliteStore) run(ctx context.Context, batch []*sqliteWrite) error {
+	err := func() error {
+		for _, w := range batch {
+			if err := s.apply(ctx, w); err != nil {
+				return err
+			}
+		}
+		_, err := s.conn.ExecContext(ctx, "COMMIT")
+		return err
+	}()
+	if err != nil {
+		_, rerr := s.conn.ExecContext(ctx, "ROLLBACK")
+		return errors.Join(err, rerr)
+	}
+	s.commits.Add(1)
+	s.writes.Add(int64(len(batch)))
+	return nil
+}
+
+// apply runs one write's statements.
+func (s *sqliteStore) apply(ctx context.Context, w *sqliteWrite) error {
+	if w.answer != nil {
+		_, err := s.upd.ExecContext(ctx, w.answer, w.key)
+		return err
+	}
+	res, err := s.ins.ExecContext(ctx, w.key)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	w.taken = true
+	return s.sel.QueryRowContext(ctx, w.key).Scan(&w.held)
+}
+
+// close stops the writer and closes the database.
+func (s *sqliteStore) close() error {
+	close(s.queue)
+	<-s.stopped
+	return errors.Join(s.conn.Close(), s.db.Close())
+}
+
+// openSQLite opens sqlite:PATH?synchronous=FULL|NORMAL as idemsqlite.Open
+// opens a file: WAL, the synchronous setting (FULL: every commit durable
+// against power loss), a 5 s busy timeout.
+func openSQLite(ctx context.Context, raw string) (*sqliteStore, error) {
+	path, rawQuery, _ := strings.Cut(strings.TrimPrefix(raw, "sqlite:"), "?")
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil || path == "" {
+		return nil, fmt.Errorf("--store %q: want sqlite:PATH?synchronous=FULL|NORMAL", raw)
+	}
+	synchronous := strings.ToUpper(cmp.Or(q.Get("synchronous"), "FULL"))
+	if synchronous != "FULL" && synchronous != "NORMAL" {
+		return nil, fmt.Errorf("--store %q: synchronous: want FULL or NORMAL", raw)
+	}
+	db, err := sql.Open("sqlite", path+"?_busy_timeout=5000&_journal_mode=WAL&_synchronous="+synchronous)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	s := &sqliteStore{db: db, queue: make(chan *sqliteWrite, 1024), stopped: make(chan struct{})}
+	err = func() error {
+		if s.conn, err = db.Conn(ctx); err != nil {
+			return err
+		}
+		if _, err := s.conn.ExecContext(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS keys"+
+			" (key TEXT PRIMARY KEY, answer BLOB NOT NULL, expires_at INTEGER NOT NULL DEFAULT (unixepoch() + %d))",
+			int64(retention.Seconds()))); err != nil {
+			return err
+		}
+		for p, text := range map[**sql.Stmt]string{
+			&s.ins: "INSERT INTO keys (key, answer) VALUES (?, '" + inProgress + "') ON CONFLICT (key) DO NOTHING",
+			&s.upd: "UPDATE keys SET answer = ? WHERE key = ?",
+			&s.sel: "SELECT answer FROM keys WHERE key = ?",
+		} {
+			if *p, err = s.conn.PrepareContext(ctx, text); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	go s.write()
+	return s, nil
+}
+
 func open(ctx context.Context, raw string) (store, error) {
+	if strings.HasPrefix(raw, "sqlite:") {
+		return openSQLite(ctx, raw)
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, err
@@ -138,7 +337,7 @@ func open(ctx context.Context, raw string) (store, error) {
 			sel: "SELECT answer FROM " + name + " WHERE key = $1",
 		}, nil
 	}
-	return nil, fmt.Errorf("--store %q: want redis:// or postgres://", raw)
+	return nil, fmt.Errorf("--store %q: want redis://, postgres:// or sqlite:", raw)
 }
 
 // encode is a stored answer: "STATUS CONTENT-TYPE\n" and the body.
@@ -168,7 +367,7 @@ func replay(w http.ResponseWriter, held []byte) {
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9002", "`ADDR` to serve on")
 	upstream := flag.String("upstream", "http://127.0.0.1:9000", "`URL` to forward to")
-	storeURL := flag.String("store", "", "`URL` of the store: redis://…?prefix=P or postgres://…?table=S.T")
+	storeURL := flag.String("store", "", "`URL` of the store: redis://…?prefix=P, postgres://…?table=S.T or sqlite:PATH")
 	flag.Parse()
 	target, err := url.Parse(*upstream)
 	if err != nil || target.Host == "" {

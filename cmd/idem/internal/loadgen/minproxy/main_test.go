@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +21,7 @@ import (
 )
 
 // stores opens the minimal layer's store on the test Redis and PostgreSQL,
-// each under a name of its own.
+// each under a name of its own, and on a new SQLite file.
 func stores(t *testing.T) map[string]store {
 	t.Helper()
 	tag := fmt.Sprintf("minproxy_%d", time.Now().UnixNano())
@@ -47,7 +49,77 @@ func stores(t *testing.T) map[string]store {
 		t.Fatal(err)
 	}
 	t.Cleanup(ps.(*pgStore).pool.Close)
-	return map[string]store{"redis": rs, "postgres": ps}
+	return map[string]store{"redis": rs, "postgres": ps, "sqlite": openTestSQLite(t, filepath.Join(t.TempDir(), "min.db"))}
+}
+
+// openTestSQLite opens the minimal layer's SQLite store on the file path.
+func openTestSQLite(t *testing.T, path string) *sqliteStore {
+	t.Helper()
+	ss, err := openSQLite(context.Background(), "sqlite:"+path+"?synchronous=FULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ss.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return ss
+}
+
+// TestSQLiteSharesCommits holds SQLite's write lock from another connection
+// while 64 new keys are inserted at once: the writer, waiting to begin its
+// transaction with the first, finds the other 63 queued when it begins, and
+// commits all 64 in one transaction. Each is answered as a new key only
+// after that commit, and is then durable (a second connection reads it).
+func TestSQLiteSharesCommits(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "min.db")
+	ss := openTestSQLite(t, path)
+	ctx := context.Background()
+	other, err := sql.Open("sqlite", path+"?_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	lock, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for i := range n {
+		wg.Go(func() {
+			taken, held, err := ss.insert(ctx, fmt.Sprint("k-", i))
+			if err != nil || taken || held != nil {
+				t.Errorf("insert k-%d: taken %v, held %q, %v; want a new key", i, taken, held, err)
+			}
+			answered.Add(1)
+		})
+	}
+	// The writer took one write and waits for the lock; the others queue.
+	for len(ss.queue) < n-1 {
+		time.Sleep(time.Millisecond)
+	}
+	if answered.Load() != 0 || ss.commits.Load() != 0 {
+		t.Fatalf("%d inserts answered, %d commits before the writer could begin", answered.Load(), ss.commits.Load())
+	}
+	if _, err := lock.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if c, w := ss.commits.Load(), ss.writes.Load(); c != 1 || w != n {
+		t.Fatalf("%d commits held %d writes, want 1 commit of %d", c, w, n)
+	}
+	var rows int
+	if err := lock.QueryRowContext(ctx, "SELECT count(*) FROM keys WHERE answer = ?", inProgress).Scan(&rows); err != nil || rows != n {
+		t.Fatalf("another connection reads %d keys in progress (%v), want %d", rows, err, n)
+	}
 }
 
 func TestOnceThenReplay(t *testing.T) {
