@@ -138,35 +138,55 @@ func TestChecksRefuseBadRecords(t *testing.T) {
 				s = newPartitionedStore(t, clock.Now, parts)
 			}
 			b := &bundle{store: s, clock: clock, ctx: t.Context()}
-			b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
 			// Every copy of the check (the table's and each partition's) is
-			// validated and calls the function.
-			rows, err := s.pool.Query(b.ctx, `SELECT c.convalidated, pg_get_constraintdef(c.oid)
+			// validated and holds want.
+			checkDefs := func(want string) {
+				t.Helper()
+				rows, err := s.pool.Query(b.ctx, `SELECT c.convalidated, pg_get_constraintdef(c.oid)
 FROM pg_constraint AS c JOIN pg_class AS r ON r.oid = c.conrelid
 WHERE c.conname = 'idem_keys_response_check' AND r.relnamespace = $1::regnamespace`, s.cfg.Schema)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-				Valid bool
-				Def   string
-			}])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(defs) != parts+1 {
-				t.Fatalf("%d copies of idem_keys_response_check, want %d", len(defs), parts+1)
-			}
-			for _, d := range defs {
-				if !d.Valid || !strings.Contains(d.Def, "idem_response_ok(") {
-					t.Errorf("idem_keys_response_check: validated %t, %s", d.Valid, d.Def)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+					Valid bool
+					Def   string
+				}])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(defs) != parts+1 {
+					t.Fatalf("%d copies of idem_keys_response_check, want %d", len(defs), parts+1)
+				}
+				for _, d := range defs {
+					if !d.Valid || !strings.Contains(d.Def, want) {
+						t.Errorf("idem_keys_response_check: validated %t, %s; want %s", d.Valid, d.Def, want)
+					}
 				}
 			}
+			// A completed record, then the check migrated down and up
+			// again over it: 006 validates the records it finds.
+			done := reserveParams("t0", idemstore.StateUnknown)
+			done.Identity.Key = "done"
+			b.reserve(t, done)
+			if err := s.KeyComplete(b.ctx, &idemstore.CompleteParams{Identity: done.Identity, Token: "t0", Response: sampleResponse()}); err != nil {
+				t.Fatal(err)
+			}
+			b.reserve(t, reserveParams("t1", idemstore.StateUnknown))
+			checkDefs("idem_response_ok(")
+			if m, err := s.MigrateDown(b.ctx); err != nil || m == nil || m.Name != "response_check_function" {
+				t.Fatalf("MigrateDown = %+v, %v; want 006", m, err)
+			}
+			checkDefs("CASE")
+			if done, err := s.Migrate(b.ctx); err != nil || len(done) != 1 {
+				t.Fatalf("Migrate = %+v, %v; want 006 applied", done, err)
+			}
+			checkDefs("idem_response_ok(")
 			table := s.schema + ".idem_keys"
 			insert := "INSERT INTO " + table + ` (scope, endpoint, key, fingerprint, state, token, locked_until,
     started_at, lease_expired_state, created_at, updated_at, expires_at, response_status, not_replayable)
 SELECT scope, endpoint, 'other', fingerprint, $1, token, locked_until, started_at, lease_expired_state,
-    created_at, updated_at, expires_at, $2, $3 FROM ` + table
+    created_at, updated_at, expires_at, $2, $3 FROM ` + table + " WHERE key = 'key-1'"
 			for _, c := range []struct {
 				sql        string
 				args       []any
@@ -204,7 +224,7 @@ SELECT scope, endpoint, 'other', fingerprint, $1, token, locked_until, started_a
 			} {
 				sql := c.sql
 				if !strings.HasPrefix(sql, "INSERT") {
-					sql = "UPDATE " + table + " SET " + sql
+					sql = "UPDATE " + table + " SET " + sql + " WHERE key = 'key-1'"
 				}
 				tx, err := s.pool.Begin(b.ctx)
 				if err != nil {
