@@ -182,6 +182,14 @@ WHERE c.conname = 'idem_keys_response_check' AND r.relnamespace = $1::regnamespa
 				t.Fatalf("Migrate = %+v, %v; want 006 applied", done, err)
 			}
 			checkDefs("idem_response_ok(")
+			// The function is granted to every role (a role that writes the
+			// table runs it), not left to the default privileges.
+			var granted bool
+			if err := s.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_proc AS p, aclexplode(p.proacl) AS a
+WHERE p.proname = 'idem_response_ok' AND p.pronamespace = $1::regnamespace
+  AND a.grantee = 0 AND a.privilege_type = 'EXECUTE')`, s.cfg.Schema).Scan(&granted); err != nil || !granted {
+				t.Errorf("EXECUTE on idem_response_ok granted to PUBLIC: %t, %v", granted, err)
+			}
 			table := s.schema + ".idem_keys"
 			insert := "INSERT INTO " + table + ` (scope, endpoint, key, fingerprint, state, token, locked_until,
     started_at, lease_expired_state, created_at, updated_at, expires_at, response_status, not_replayable)

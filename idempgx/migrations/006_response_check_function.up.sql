@@ -26,6 +26,10 @@ BEGIN
            END;
 END
 $$;
+-- Whoever writes the table runs the check, so runs the function: granted
+-- to every role even where default privileges take EXECUTE from PUBLIC.
+GRANT EXECUTE ON FUNCTION {{schema}}.idem_response_ok({{schema}}.idem_state,
+    {{schema}}.idem_response_status, jsonb, bytea, boolean) TO PUBLIC;
 
 ALTER TABLE {{schema}}.idem_keys
     DROP CONSTRAINT idem_keys_response_check,
