@@ -21,11 +21,14 @@
 # each complete's UPDATE; today's completion for a group of one), cte1 (cte
 # returning one row of a column per call). GS="1 2 4 8" N1=20 N2=120
 # PGOPTS (server options, e.g. "-c plan_cache_mode=force_generic_plan").
+# CHECKS: forms of the table's idem_keys_response_check to measure in turn,
+# each a file of scripts/bench/pgcheck/ run before its counts (default none:
+# the schema as migrated), e.g. CHECKS="base none plpgsql".
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 PGBIN=${PGBIN:-$(pg_config --bindir)} PORT=${PORT:-55497}
-FORMS=${FORMS:-cur pinned} GS=${GS:-1 2 4 8} N1=${N1:-20} N2=${N2:-120}
+FORMS=${FORMS:-cur pinned} CHECKS=${CHECKS:-} GS=${GS:-1 2 4 8} N1=${N1:-20} N2=${N2:-120}
 work=$(mktemp -d /tmp/pgmultirow.XXXXXX)
 chmod 755 "$work"
 TEST=$work/idempgx.test
@@ -66,15 +69,23 @@ serve() { # form g n
 		[ -z "$f" ] || break
 		sleep 1
 	done
-	[ -z "${KEEP:-}" ] || cp "$work/cg/$f" "$KEEP/cg.$1.$2.$3"
+	[ -z "${KEEP:-}" ] || cp "$work/cg/$f" "$KEEP/cg.${check#-}.$1.$2.$3"
 	awk '/^(summary|totals):/ { print $2; exit }' "$work/cg/$f"
 }
 echo "server instructions per new key (groups of g, ($N2 - $N1) groups), forms: $FORMS"
-for g in $GS; do
-	for form in $FORMS; do
-		a=$(serve "$form" "$g" "$N1")
-		b=$(serve "$form" "$g" "$N2")
-		echo "$form g=$g $(((b - a) / (N2 - N1) / g))"
+for check in ${CHECKS:--}; do
+	if [ "$check" != - ]; then
+		sed 's/{{schema}}/pgmulti/g' "scripts/bench/pgcheck/$check.sql" | psql -q -v ON_ERROR_STOP=1 "$IDEM_TEST_DATABASE_URL" >/dev/null
+		sleep 2
+	fi
+	for g in $GS; do
+		for form in $FORMS; do
+			a=$(serve "$form" "$g" "$N1")
+			b=$(serve "$form" "$g" "$N2")
+			label=$form
+			[ "$check" = - ] || label="$check $form"
+			echo "$label g=$g $(((b - a) / (N2 - N1) / g))"
+		done
 	done
 done
 psql -At "$IDEM_TEST_DATABASE_URL" -c "select state, count(*) from pgmulti.idem_keys group by 1"

@@ -201,7 +201,7 @@ func TestMigrateSQLite(t *testing.T) {
 
 func TestMigratePostgres(t *testing.T) {
 	t.Parallel()
-	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters", "003_reconcile_state", "004_hot_completion", "005_check_domains"})
+	migrateCycle(t, postgresURL(t), []string{"001_create_keys", "002_add_waiters", "003_reconcile_state", "004_hot_completion", "005_check_domains", "006_response_check_function"})
 }
 
 // `idem migrate up --partitions N` creates the key table hash-partitioned
