@@ -337,7 +337,7 @@ func open(ctx context.Context, raw string) (store, error) {
 			sel: "SELECT answer FROM " + name + " WHERE key = $1",
 		}, nil
 	}
-	return nil, fmt.Errorf("--store %q: want redis://, postgres:// or sqlite:", raw)
+	return nil, fmt.Errorf("--store %q: want redis://, postgres:// or sqlite:PATH", raw)
 }
 
 // encode is a stored answer: "STATUS CONTENT-TYPE\n" and the body.
