@@ -30,6 +30,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
+. scripts/bench/callgrindserver.sh
 VARIANTS=${VARIANTS:-floor plain idem}
 N1=${N1:-100} N2=${N2:-600}
 PGBIN=${PGBIN:-$(pg_config --bindir)}
@@ -104,13 +105,7 @@ if [ "${MODE:-single}" = server ]; then
 		pgbench -n -M prepared -c 1 -t "$2" --random-seed="$2" -f "$work/scripts/$1.sql" "$url" >"$work/pgbench.$1.$2" 2>&1 ||
 			{ cat "$work/pgbench.$1.$2" >&2; exit 1; }
 		sleep 2
-		for _ in $(seq 300); do
-			f=$(comm -13 <(echo "$before") <(ls "$work/cg") | while read -r g; do
-				awk -v g="$g" '/^(summary|totals):/ { print $2, g; exit }' "$work/cg/$g"
-			done | sort -n | tail -1 | cut -d ' ' -f 2)
-			[ -z "$f" ] || break
-			sleep 1
-		done
+		f=$(newest_backend "$work/cg" "$before")
 		[ -z "${KEEP:-}" ] || cp "$work/cg/$f" "$KEEP/callgrind.server.$1.$2"
 		awk '/^(summary|totals):/ { print $2; exit }' "$work/cg/$f"
 	}

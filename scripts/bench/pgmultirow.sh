@@ -27,6 +27,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
+. scripts/bench/callgrindserver.sh
 PGBIN=${PGBIN:-$(pg_config --bindir)} PORT=${PORT:-55497}
 FORMS=${FORMS:-cur pinned} CHECKS=${CHECKS:-} GS=${GS:-1 2 4 8} N1=${N1:-20} N2=${N2:-120}
 work=$(mktemp -d /tmp/pgmultirow.XXXXXX)
@@ -62,13 +63,7 @@ serve() { # form g n
 	before=$(ls "$work/cg")
 	IDEM_PGMULTI_FORM=$1 IDEM_PGMULTI_G=$2 IDEM_PGMULTI_N=$3 $TEST -test.run TestMeasureMultiRow >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
 	sleep 2
-	for _ in $(seq 300); do
-		f=$(comm -13 <(echo "$before") <(ls "$work/cg") | while read -r g; do
-			awk -v g="$g" '/^(summary|totals):/ { print $2, g; exit }' "$work/cg/$g"
-		done | sort -n | tail -1 | cut -d ' ' -f 2)
-		[ -z "$f" ] || break
-		sleep 1
-	done
+	f=$(newest_backend "$work/cg" "$before")
 	[ -z "${KEEP:-}" ] || cp "$work/cg/$f" "$KEEP/cg.${check#-}.$1.$2.$3"
 	awk '/^(summary|totals):/ { print $2; exit }' "$work/cg/$f"
 }
