@@ -65,6 +65,7 @@ func NewAlarms(c Clock) *Alarms {
 	s := &Alarms{clock: c}
 	for i := range s.shards {
 		s.shards[i].clock = c
+		s.shards[i].wall = c == WallClock
 	}
 	return s
 }
@@ -124,6 +125,7 @@ type Owner interface {
 
 type alarmList struct {
 	clock Clock
+	wall  bool // clock is WallClock
 	mu    sync.Mutex
 	head  *Alarm
 	stop  func() bool // stops the timer; nil before the first
@@ -171,12 +173,33 @@ func (l *alarmList) unlink(a *Alarm) {
 }
 
 // reset points the timer at t. l.mu is held.
+//
+// The timer is armed for a duration read off the clock. A clock other than
+// the wall clock (a test's) can jump, from another goroutine, between that
+// reading and the arming: the timer would then be set the jump's length
+// late, and an alarm due when the clock has moved would wait for its next
+// move. So on such a clock the timer is armed again, for what is left,
+// while the clock moved more than real time passed meanwhile. On the wall
+// clock the gap is the microseconds between two readings, which fire
+// makes good (it re-arms for what is not yet due).
 func (l *alarmList) reset(t time.Time) {
 	l.next = t
 	if l.stop != nil {
 		l.stop()
 	}
-	l.stop = l.clock.AfterFunc(t.Sub(l.clock.Now()), l.fire)
+	if l.wall {
+		l.stop = l.clock.AfterFunc(t.Sub(l.clock.Now()), l.fire)
+		return
+	}
+	for {
+		began := time.Now()
+		now := l.clock.Now()
+		l.stop = l.clock.AfterFunc(t.Sub(now), l.fire)
+		if l.clock.Now().Sub(now) <= time.Since(began) {
+			return
+		}
+		l.stop() // false when the jump ran it: fire then waits for l.mu
+	}
 }
 
 // fire calls back the alarms that are due.
