@@ -486,7 +486,7 @@ function median(a, n,   i, j, t) {
 function ms(us) { return sprintf("%.2f ms", us / 1000) }
 # compare(A, B, TITLE): the targets A-STORE (idem: A empty) against B-STORE,
 # round by round, where both ran.
-function compare(a, b, title,   i, k, f, shape, store, own, rounds, c, r, r2, q, sc, done) {
+function compare(a, b, title,   i, k, f, shape, store, own, rounds, prounds, c, r, r2, q, pq, sc, done) {
 	for (i = 1; i <= n; i++) {
 		k = order[i]; split(k, f, SUBSEP); shape = f[1]
 		if (index(f[2], b) != 1) continue
@@ -494,18 +494,19 @@ function compare(a, b, title,   i, k, f, shape, store, own, rounds, c, r, r2, q,
 		own = shape SUBSEP a store
 		if (!(own in count)) continue
 		if (!done++) {
-			printf "\n%s; medians of the per-round ratios; CPU from the medians):\n\n", title
-			print "| shape | store | throughput | rounds | proxy CPU/req | store CPU/req | client + proxy + store CPU/req |"
-			print "|---|---|---|---|---|---|---|"
+			printf "\n%s; medians of the per-round ratios; CPU from the medians, and paired round by round):\n\n", title
+			print "| shape | store | throughput | rounds | proxy CPU/req | proxy CPU/req paired: median (rounds) | store CPU/req | client + proxy + store CPU/req |"
+			print "|---|---|---|---|---|---|---|---|"
 		}
-		rounds = ""; c = 0
+		rounds = ""; prounds = ""; c = 0
 		for (r = 1; r <= count[k]; r++) for (r2 = 1; r2 <= count[own]; r2++) if (round[own, r2] == round[k, r]) {
 			q[++c] = rps[own, r2] / rps[k, r]; rounds = rounds sprintf("%s%.2f", c > 1 ? " " : "", q[c])
+			pq[c] = pcpu[own, r2] / pcpu[k, r]; prounds = prounds sprintf("%s%.2f", c > 1 ? " " : "", pq[c])
 		}
 		sc = "–"
 		if ((own in scm) && (k in scm) && scm[k] > 0) sc = sprintf("%.2f", scm[own] / scm[k])
-		printf "| %s | %s | %.2f | %s | %.2f | %s | %.2f |\n", shape, store, median(q, c), rounds, pcm[own] / pcm[k], sc,
-			(ccm[own] + pcm[own] + scm[own]) / (ccm[k] + pcm[k] + scm[k])
+		printf "| %s | %s | %.2f | %s | %.2f | %.2f (%s) | %s | %.2f |\n", shape, store, median(q, c), rounds, pcm[own] / pcm[k],
+			median(pq, c), prounds, sc, (ccm[own] + pcm[own] + scm[own]) / (ccm[k] + pcm[k] + scm[k])
 	}
 }
 {
