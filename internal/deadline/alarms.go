@@ -180,8 +180,8 @@ func (l *alarmList) unlink(a *Alarm) {
 // late, and an alarm due when the clock has moved would wait for its next
 // move. So on such a clock the timer is armed again, for what is left,
 // while the clock moved more than real time passed meanwhile. On the wall
-// clock the gap is the microseconds between two readings, which fire
-// makes good (it re-arms for what is not yet due).
+// clock the gap is the microseconds between two readings: the timer fires
+// that much late, which no deadline or heartbeat notices.
 func (l *alarmList) reset(t time.Time) {
 	l.next = t
 	if l.stop != nil {
