@@ -306,6 +306,12 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
 // storeKinds are the durable stores the consumer tests run on.
 var storeKinds = []string{"sqlite", "postgres"}
 
