@@ -676,6 +676,9 @@ func TestRun(t *testing.T) {
 	if work := count(t, b.conn, b.queue); work != 0 {
 		t.Fatalf("%d messages back in the queue after Run: all should have been acked", work)
 	}
+	if delayed := count(t, b.conn, b.queue+".delay"); delayed != 0 {
+		t.Fatalf("%d messages in the delay queue after Run: all should have been settled", delayed)
+	}
 	if runs.get("evt-a") != 1 || runs.get("evt-b") != 1 {
 		t.Fatalf("runs: %v; want each event once", runs.n)
 	}

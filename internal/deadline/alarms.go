@@ -65,7 +65,6 @@ func NewAlarms(c Clock) *Alarms {
 	s := &Alarms{clock: c}
 	for i := range s.shards {
 		s.shards[i].clock = c
-		s.shards[i].wall = c == WallClock
 	}
 	return s
 }
@@ -125,7 +124,6 @@ type Owner interface {
 
 type alarmList struct {
 	clock Clock
-	wall  bool // clock is WallClock
 	mu    sync.Mutex
 	head  *Alarm
 	stop  func() bool // stops the timer; nil before the first
@@ -187,7 +185,7 @@ func (l *alarmList) reset(t time.Time) {
 	if l.stop != nil {
 		l.stop()
 	}
-	if l.wall {
+	if l.clock == WallClock {
 		l.stop = l.clock.AfterFunc(t.Sub(l.clock.Now()), l.fire)
 		return
 	}
