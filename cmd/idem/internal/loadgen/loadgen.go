@@ -60,7 +60,8 @@ type Config struct {
 	Timeout time.Duration
 	// Client sends the requests. Defaults to a client whose transport keeps
 	// Concurrency idle connections to the host, without a proxy, with
-	// Timeout per request.
+	// Timeout per request; Run closes that client's connections when it
+	// returns.
 	Client *http.Client
 	// Seed seeds the shuffle of the plan. Zero picks a random seed.
 	Seed uint64
@@ -246,6 +247,13 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	if cfg.Client == nil {
+		// The run's own connections end with it. A connection dialed for a
+		// request that another connection took first never carried a
+		// request: a server shutting down waits 5 seconds for such a one
+		// before it counts it as idle.
+		defer c.Client.CloseIdleConnections()
 	}
 	plan := c.plan()
 	limit := int64(c.Requests)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -370,5 +371,45 @@ func TestRunKeepsTheFirstClientErrors(t *testing.T) {
 	}
 	if _, ok := res.ClientErrors[201]; ok {
 		t.Error("a 2xx body was kept")
+	}
+}
+
+// A run on the default client leaves no connection open to the server: a
+// server that shuts down after it does not wait for one.
+func TestRunClosesItsConnections(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	open := make(map[net.Conn]http.ConnState)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if s == http.StateClosed || s == http.StateHijacked {
+			delete(open, c)
+			return
+		}
+		open[c] = s
+	}
+	srv.Start()
+	defer srv.Close()
+	res, err := Run(t.Context(), &Config{URL: srv.URL, Requests: 200, Concurrency: 8})
+	if err != nil || res.Responses != 200 {
+		t.Fatalf("Run: %+v, %v; want 200 answers", res, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(open)
+		mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open 5s after Run returned", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
