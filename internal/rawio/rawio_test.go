@@ -147,7 +147,12 @@ func TestWriteDeadline(t *testing.T) {
 	t.Parallel()
 	forEachNetwork(t, func(t *testing.T, network string) {
 		c, _ := pair(t, network) // the peer never reads
-		c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		// Long enough that the write starts before it under any load (a
+		// deadline already passed fails the Write with 0 bytes, which is
+		// right but not what this tests: at 50 ms it happened in a loaded
+		// run); the socket's buffers fill in microseconds, and the Write
+		// then waits for the deadline.
+		c.SetWriteDeadline(time.Now().Add(time.Second))
 		n, err := c.Write(make([]byte, 64<<20))
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("Write past the deadline: %d, %v; want a timeout", n, err)
